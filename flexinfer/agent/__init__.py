@@ -1,0 +1,1 @@
+"""flexinfer.agent"""

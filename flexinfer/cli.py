@@ -1,0 +1,57 @@
+"""The ``flexinfer`` console script: one entry point, one subcommand per component.
+
+Each subcommand lives in its own module, imported only when chosen, which exposes
+``configure(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``.
+This module owns only the dispatch; it must not import heavy dependencies (kopf, kubernetes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "proxy": ("flexinfer.proxy.main", "run the OpenAI-compatible proxy (static or Kubernetes inventory)"),
+    "serve": ("flexinfer.runtime.serve", "run the proxy and the local runtime in one process"),
+    "operator": ("flexinfer.operator.main", "run the Kubernetes operator (kopf)"),
+    "extender": ("flexinfer.scheduler.main", "run the kube-scheduler extender"),
+    "agent": ("flexinfer.agent.main", "run the GPU node agent"),
+    "bench": ("flexinfer.tps", "measure tokens/s of a model through any OpenAI endpoint"),
+    "flash-load": ("flexinfer.flashloader", "copy model files into tmpfs in parallel"),
+    "crds": ("flexinfer.api.generate", "write the CustomResourceDefinitions to crds/"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flexinfer", description="FlexInfer: LLM inference platform.")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if name == chosen:  # import only the chosen component
+            mod = importlib.import_module(module)
+            mod.configure(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Settings: frozen dataclass groups, read ONCE from the environment, CLI flags or a file.
+
+Nothing else in FlexInfer reads ``os.environ``. Each field documents its meaning and default; the
+defaults follow the reliability plan (``shared/reference/reliability-plan.md`` §6) and the original
+proxy (``PROXY_*`` variables). Booleans accept 1/true/yes/on and 0/false/no/off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+KiB = 1024
+MiB = 1024 * KiB
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise SettingsError(f"{name}: expected a boolean (1/true/yes/on or 0/false/no/off), got {raw!r}")
+
+
+def parse_duration(name: str, raw: str) -> float:
+    """Seconds from ``"30"``, ``"30s"``, ``"500ms"``, ``"5m"``, ``"1h"``."""
+    v = raw.strip().lower()
+    mult = 1.0
+    for suffix, m in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if v.endswith(suffix):
+            v, mult = v[: -len(suffix)], m
+            break
+    try:
+        out = float(v) * mult
+    except ValueError:
+        raise SettingsError(f"{name}: expected a duration like 30s, 5m or 500ms, got {raw!r}") from None
+    if out < 0 or out != out:
+        raise SettingsError(f"{name}: must be a non-negative duration, got {raw!r}")
+    return out
+
+
+def _coerce(name: str, typ: Any, raw: str) -> Any:
+    if typ in (bool, "bool"):
+        return parse_bool(name, raw)
+    if typ in (float, "float"):
+        return parse_duration(name, raw)
+    if typ in (int, "int"):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise SettingsError(f"{name}: expected an integer, got {raw!r}") from None
+    if typ in ("tuple[str, ...]",):
+        return tuple(p.strip() for p in raw.split(",") if p.strip())
+    return raw
+
+
+def from_env(cls: Any, env: Mapping[str, str] | None = None, **overrides: Any) -> Any:
+    """Build a settings group from the environment variables named in each field's metadata."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        var = f.metadata.get("env")
+        if var and var in env:
+            values[f.name] = _coerce(var, f.type, env[var])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    obj = cls(**values)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate()
+    return obj
+
+
+def _f(default: Any, env: str | None = None, doc: str = "") -> Any:
+    return field(default=default, metadata={"env": env, "doc": doc})
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPSettings:
+    """Limits and deadlines of the raw HTTP/1.1 server (``flexinfer.http``)."""
+
+    max_request_line: int = _f(8 * KiB, "PROXY_MAX_URL_BYTES", "Request line / URL limit; over it: 414.")
+    max_header_bytes: int = _f(16 * KiB, "PROXY_MAX_HEADER_BYTES", "Header block limit; over it: 431.")
+    max_headers: int = _f(100, "PROXY_MAX_HEADERS", "Header count limit; over it: 431.")
+    max_body_json: int = _f(10 * MiB, "PROXY_MAX_BODY_BYTES", "Body limit for non-multipart; over it: 413.")
+    max_body_multipart: int = _f(25 * MiB, "PROXY_MAX_MULTIPART_BYTES", "Body limit for multipart; 413.")
+    max_chunk_extension: int = _f(4 * KiB, None, "Longest chunk extension accepted.")
+    header_timeout: float = _f(10.0, "PROXY_HEADER_TIMEOUT", "Time to receive the full header block; 408.")
+    body_timeout: float = _f(60.0, "PROXY_BODY_TIMEOUT", "Time to receive the full body; 408.")
+    keepalive_timeout: float = _f(60.0, "PROXY_KEEPALIVE_TIMEOUT", "Idle keep-alive connection lifetime.")
+    write_buffer_high: int = _f(64 * KiB, None, "Per-connection write buffer high-water mark.")
+    max_connections: int = _f(10_000, "PROXY_MAX_CONNECTIONS", "Connections over this get 503 + close.")
+    drain_timeout: float = _f(30.0, "PROXY_GRACEFUL_SHUTDOWN_TIMEOUT", "How long open streams may run after SIGTERM.")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    """Timeouts and pooling of the upstream (backend) client (``flexinfer.http.client``)."""
+
+    connect_timeout: float = _f(5.0, "PROXY_CONNECT_TIMEOUT", "TCP connect timeout.")
+    response_timeout: float = _f(300.0, "PROXY_RESPONSE_TIMEOUT", "Time from request sent to response head.")
+    stream_idle_timeout: float = _f(300.0, "PROXY_STREAM_IDLE_TIMEOUT", "Longest silence inside a body.")
+    pool_idle_timeout: float = _f(4.0, "PROXY_POOL_IDLE_TIMEOUT", "Idle pooled connection lifetime.")
+    pool_max_idle: int = _f(64, "PROXY_POOL_MAX_IDLE", "Idle connections kept per backend.")
+    read_buffer_high: int = _f(64 * KiB, None, "Buffered upstream bytes before reading pauses.")
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """Behaviour of the request pipeline (``flexinfer.proxy``)."""
+
+    host: str = _f("127.0.0.1", "PROXY_HOST", "Listen address.")
+    port: int = _f(8080, "PROXY_PORT", "Listen port.")
+    workers: int = _f(1, "PROXY_WORKERS", "Worker processes sharing the port (SO_REUSEPORT).")
+    auth_enabled: bool = _f(False, "PROXY_AUTH_ENABLED", "Require Authorization: Bearer <token>.")
+    auth_tokens: tuple[str, ...] = _f((), "PROXY_AUTH_TOKEN", "Accepted tokens (comma separated).")
+    auth_token_file: str = _f("", "PROXY_AUTH_TOKEN_FILE", "File with one accepted token per line.")
+    rate_limit_enabled: bool = _f(False, "PROXY_RATE_LIMIT_ENABLED", "Enable token-bucket rate limits.")
+    rate_limit_global: float = _f(1000.0, "PROXY_RATE_LIMIT_GLOBAL", "Global requests per second.")
+    rate_limit_global_burst: int = _f(200, "PROXY_RATE_LIMIT_GLOBAL_BURST", "Global burst.")
+    rate_limit_per_model: float = _f(100.0, "PROXY_RATE_LIMIT_PER_MODEL", "Per-model requests per second.")
+    rate_limit_burst: int = _f(50, "PROXY_RATE_LIMIT_BURST", "Per-model burst.")
+    route_header: bool = _f(True, "PROXY_ROUTE_HEADER", "Add X-Flexinfer-Route to responses.")
+    max_queue_size: int = _f(100, "PROXY_MAX_QUEUE_SIZE", "Requests held per model while it wakes.")
+    queue_timeout: float = _f(60.0, "PROXY_QUEUE_TIMEOUT", "Longest wait for a model to become ready.")
+    cold_start_timeout: float = _f(60.0, "PROXY_COLD_START_TIMEOUT", "Default model cold-start timeout.")
+    max_tokens_clamp: bool = _f(True, "PROXY_MAX_TOKENS_CLAMP_ENABLED", "Clamp max_tokens to the window.")
+    max_tokens_reserve: int = _f(512, "PROXY_MAX_TOKENS_CLAMP_PROMPT_RESERVE_TOKENS", "Tokens kept for the prompt.")
+    namespace: str = _f("default", "POD_NAMESPACE", "Kubernetes namespace of the proxy.")
+    http: HTTPSettings = field(default_factory=HTTPSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+
+    def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port must be 1..65535, got {self.port}")
+        if self.workers < 1:
+            raise SettingsError(f"workers must be >= 1, got {self.workers}")
+        if self.max_queue_size < 0:
+            raise SettingsError("PROXY_MAX_QUEUE_SIZE must be >= 0")
+        for name in ("rate_limit_global", "rate_limit_per_model"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be > 0")
+
+    def tokens(self) -> tuple[str, ...]:
+        """Every accepted bearer token: from the env list and, if set, the token file."""
+        toks = list(self.auth_tokens)
+        if self.auth_token_file:
+            try:
+                with open(self.auth_token_file, encoding="utf-8") as fh:
+                    toks.extend(line.strip() for line in fh if line.strip() and not line.startswith("#"))
+            except OSError as exc:
+                raise SettingsError(f"PROXY_AUTH_TOKEN_FILE: {exc}") from None
+        return tuple(toks)
+
+
+def load_proxy_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> ProxySettings:
+    """Read every proxy settings group once. ``overrides`` come from CLI flags (None = unset)."""
+    http = from_env(HTTPSettings, env)
+    upstream = from_env(UpstreamSettings, env)
+    return from_env(ProxySettings, env, http=http, upstream=upstream, **overrides)
+
+
+def with_changes(obj: Any, **changes: Any) -> Any:
+    """A copy of a frozen settings object with some fields changed (tests scale timeouts this way)."""
+    return replace(obj, **changes)

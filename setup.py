@@ -1,0 +1,56 @@
+"""Build script: compiles the optional Cython speedups when Cython and a compiler are present.
+
+Set FLEXINFER_NO_EXTENSIONS=1 to install the pure-Python package only. A failed compile never
+fails the install: the package falls back to the pure-Python twins at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that degrades to pure Python when a compiler is missing or fails."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any build failure means "no speedups"
+            print(f"flexinfer: building extensions failed ({exc}); using pure Python", file=sys.stderr)
+
+    def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            print(f"flexinfer: skipping {ext.name} ({exc})", file=sys.stderr)
+
+
+def extensions() -> list:
+    if os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0"):
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        return []
+    here = os.path.dirname(os.path.abspath(__file__))
+    pyx_dir = os.path.join(here, "flexinfer", "_speedups")
+    sources = sorted(f for f in os.listdir(pyx_dir) if f.endswith("_c.pyx")) if os.path.isdir(pyx_dir) else []
+    if not sources:
+        return []
+    from setuptools import Extension
+
+    exts = [
+        Extension(f"flexinfer._speedups.{src[:-4]}", [os.path.join("flexinfer", "_speedups", src)],
+                  extra_compile_args=["-O3"])
+        for src in sources
+    ]
+    return cythonize(exts, compiler_directives={"language_level": "3", "boundscheck": False,
+                                                 "wraparound": False, "cdivision": True},
+                     quiet=True)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
