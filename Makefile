@@ -31,7 +31,7 @@ wrk:
 
 run: ext
 	@echo "Starting flexinfer proxy on http://$(HOST):$(PORT) (static inventory, stub engine)"
-	$(PY) -m flexinfer.devstub --port 18001 & \
+	$(PY) -m tests.stub_engine --port 18001 & \
 	trap 'kill %1 2>/dev/null' EXIT INT TERM; \
 	$(VENV)/bin/flexinfer proxy -c examples/static.yaml --host $(HOST) --port $(PORT)
 

@@ -1,0 +1,170 @@
+"""Forwarding one resolved request to a replica and streaming the answer back.
+
+Owns: the upstream header set (canonical, hop-by-hop and internal headers dropped, request id and
+X-Forwarded-For set by us), the single retry on a refused connection (only when nothing was sent),
+the mapping of upstream failures to OpenAI errors, the SSE error event when an upstream dies
+mid-stream (no fake ``[DONE]``), cancelling the upstream when the client goes away, and the
+per-request metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+
+from flexinfer import errors
+from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamError, UpstreamResponse
+from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
+from flexinfer.http.responses import sse_event
+from flexinfer.proxy.metrics import ProxyMetrics
+from flexinfer.proxy.routing import Router
+from flexinfer.runtime.base import Endpoint, ModelView
+from flexinfer.settings import ProxySettings
+
+# Never forwarded upstream: hop-by-hop headers, framing (re-done by the client), and headers the
+# proxy owns. Names listed in the client's Connection header are dropped too.
+_DROP_UP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding",
+    b"upgrade", b"http2-settings", b"host", b"content-length", b"expect", b"proxy-authorization",
+    b"x-request-id", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded",
+    b"x-real-ip", b"x-model-id",
+})
+# Never copied back to the client: hop-by-hop, framing (re-done by our writer), ours.
+_DROP_DOWN = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding",
+    b"upgrade", b"content-length", b"date", b"server", b"x-request-id",
+})
+_SSE = b"text/event-stream"
+
+
+def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
+    extra_drop: set[bytes] = set()
+    for k, v in req.headers:
+        if k == b"connection":
+            extra_drop.update(t.strip().lower() for t in v.split(b","))
+    out = []
+    for k, v in req.headers:
+        if k in _DROP_UP or k in extra_drop or k.startswith(b"x-flexinfer-"):
+            continue
+        if drop_auth and k == b"authorization":
+            continue
+        out.append((k, v))
+    out.append((b"x-request-id", request_id))
+    out.append((b"x-forwarded-for", req.peer.rsplit(":", 1)[0].encode()))
+    out.append((b"x-forwarded-proto", b"http"))
+    return out
+
+
+def downstream_headers(up: UpstreamResponse, request_id: bytes, extra: list[tuple[bytes, bytes]]
+                       ) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in up.headers if k not in _DROP_DOWN]
+    out.append((b"x-request-id", request_id))
+    out.extend(extra)
+    return out
+
+
+def _is_sse(up: UpstreamResponse) -> bool:
+    for k, v in up.headers:
+        if k == b"content-type":
+            return v.startswith(_SSE)
+    return False
+
+
+class Forwarder:
+    """Sends a request to a replica of a model and relays the response."""
+
+    def __init__(self, pools: Pools, router: Router, metrics: ProxyMetrics, settings: ProxySettings) -> None:
+        self.pools = pools
+        self.router = router
+        self.metrics = metrics
+        self.settings = settings
+
+    async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
+                    headers: list[tuple[bytes, bytes]], body: bytes
+                    ) -> tuple[UpstreamResponse, Endpoint, str, str]:
+        """Open the upstream exchange; one retry on another replica if the first refused us."""
+        exclude: frozenset[str] = frozenset()
+        while True:
+            try:
+                ep, strategy, source = self.router.pick(view, data, req, exclude)
+            except LookupError:
+                raise errors.ServiceUnavailable(
+                    f"model {view.name!r} has no reachable replica", retry_after=1) from None
+            pool = self.pools.get(ep.host, ep.port)
+            self.router.acquire(ep)
+            try:
+                up = await pool.request(req.method, path, headers, body)
+            except UpstreamConnectError as exc:
+                self.router.release(ep)
+                self.metrics.upstream_errors.labels(exc.reason).inc()
+                if not exclude and len(view.endpoints) > 1:
+                    exclude = frozenset((ep.key,))
+                    self.metrics.upstream_retries.labels(view.name).inc()
+                    continue
+                raise _map_upstream(exc, view) from None
+            except UpstreamError as exc:
+                self.router.release(ep)
+                self.metrics.upstream_errors.labels(exc.reason).inc()
+                raise _map_upstream(exc, view) from None
+            except BaseException:
+                self.router.release(ep)
+                raise
+            return up, ep, strategy, source
+
+    async def forward(self, req: Request, resp: ResponseWriter, ctx: Any, view: ModelView,
+                      data: dict[str, Any] | None, body: bytes) -> None:
+        metrics = self.metrics
+        duration, ttfb, in_flight = metrics.per_model(view.name)
+        task = asyncio.current_task()
+        if task is not None:
+            resp.on_disconnect(task.cancel)
+        headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
+        in_flight.inc()
+        try:
+            up, ep, strategy, source = await self._send(
+                req, f"{ctx.path}?{req.query}" if req.query else ctx.path, view, data, headers, body)
+            try:
+                extra = []
+                if self.settings.route_header:
+                    extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
+                resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
+                ttfb.observe(time.perf_counter() - ctx.t0)
+                try:
+                    await up.relay(resp)
+                except UpstreamError as exc:
+                    metrics.upstream_errors.labels(exc.reason).inc()
+                    if _is_sse(up) and not resp.disconnected:
+                        err = errors.BadGateway(f"upstream failed mid-stream ({exc.reason})")
+                        resp.write(sse_event(orjson.dumps({"error": {
+                            "message": err.message, "type": err.type, "param": None, "code": err.error_code}})))
+                    resp.abort()
+                    metrics.count(view.name, 502)
+                    return
+                resp.end()
+                metrics.count(view.name, up.status)
+                duration.observe(time.perf_counter() - ctx.t0)
+            except ClientGone:
+                up.close()
+                metrics.client_aborts.labels(view.name).inc()
+                metrics.count(view.name, 499)
+            except BaseException:
+                up.close()
+                raise
+            finally:
+                self.router.release(ep)
+        finally:
+            in_flight.dec()
+
+
+def _map_upstream(exc: UpstreamError, view: ModelView) -> errors.FlexInferError:
+    reason = exc.reason
+    if isinstance(exc, UpstreamConnectError):
+        return errors.ServiceUnavailable(f"model {view.name!r}: no replica accepted the connection ({reason})",
+                                         retry_after=1, code="upstream_unavailable")
+    if reason in ("connect_timeout", "response_timeout", "idle_timeout"):
+        return errors.GatewayTimeout(f"model {view.name!r}: upstream {reason.replace('_', ' ')}",
+                                     code="upstream_timeout")
+    return errors.BadGateway(f"model {view.name!r}: upstream error ({reason})")

@@ -1,0 +1,237 @@
+"""The request pipeline: extract -> auth -> limit -> resolve -> (activate) -> route -> forward.
+
+:class:`ProxyHandler` is the ``flexinfer.http`` Handler of the proxy. ``on_headers`` does everything
+that needs no body (control endpoints, auth, header/path model names, unknown models) so refused
+requests are answered before a body byte is read; ``handle`` parses the body once, resolves the
+model, and hands the request to :mod:`flexinfer.proxy.forward`. It knows the runtime only through
+``flexinfer.runtime.base``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import orjson
+
+from flexinfer import errors
+from flexinfer.errors import FlexInferError
+from flexinfer.http.client import Pools
+from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.proxy import extract
+from flexinfer.proxy.auth import BearerAuth
+from flexinfer.proxy.forward import Forwarder
+from flexinfer.proxy.limits import Limiter
+from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from flexinfer.proxy.metrics import ProxyMetrics
+from flexinfer.proxy.routing import Router
+from flexinfer.runtime.base import Inventory, ModelView
+from flexinfer.settings import ProxySettings
+
+log = logging.getLogger("flexinfer.proxy")
+
+JSON = [(b"content-type", b"application/json")]
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}\Z")
+_HEALTH_BODY = b'{"status":"ok"}'
+_CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
+
+
+def new_request_id() -> bytes:
+    return os.urandom(16).hex().encode()
+
+
+class RequestContext:
+    """What on_headers learned about a request, handed to handle()."""
+
+    __slots__ = ("authenticated", "model_name", "path", "request_id", "source", "t0")
+
+    def __init__(self, t0: float, request_id: bytes, path: str) -> None:
+        self.t0 = t0
+        self.request_id = request_id
+        self.path = path  # upstream path (``/model/<n>`` prefix stripped)
+        self.model_name: str | None = None
+        self.source = ""
+        self.authenticated = False
+
+
+class ProxyHandler:
+    """The proxy's HTTP handler."""
+
+    def __init__(self, inventory: Inventory, settings: ProxySettings, *, pools: Pools | None = None,
+                 metrics: ProxyMetrics | None = None, router: Router | None = None,
+                 limiter: Any = None, activator: Any = None) -> None:
+        self.inventory = inventory
+        self.settings = settings
+        self.metrics = metrics or ProxyMetrics()
+        self.pools = pools or Pools(settings.upstream)
+        self.router = router or Router()
+        if limiter is None and settings.rate_limit_enabled:
+            limiter = Limiter(settings, self.metrics)
+        self.limiter = limiter
+        self.activator = activator
+        tokens = settings.tokens() if settings.auth_enabled else ()
+        self.auth: BearerAuth | None = BearerAuth(tokens) if settings.auth_enabled else None
+        self.forwarder = Forwarder(self.pools, self.router, self.metrics, settings)
+        self.server: Any = None
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def attach(self, server: Any) -> None:
+        self.server = server
+        self.metrics.bind_server_stats(lambda: server.stats)
+
+    @property
+    def draining(self) -> bool:
+        return bool(self.server is not None and self.server.draining)
+
+    # -- phase 1: headers only -------------------------------------------------------------------
+    def on_headers(self, req: Request) -> FlexInferError | None:
+        rid = req.get(b"x-request-id")
+        if rid is None or not _REQUEST_ID_RE.match(rid):
+            rid = new_request_id()
+        ctx = RequestContext(time.perf_counter(), rid, req.path)
+        req.ctx = ctx
+        path = req.path
+        if path in _CONTROL or path.startswith("/v1/models/"):
+            if path in ("/v1/models",) or path.startswith("/v1/models/"):
+                return self._authenticate(req, ctx)
+            return None
+        try:
+            err = self._authenticate(req, ctx)
+            if err is not None:
+                return err
+            name, ctx.path = extract.split_model_path(path)
+            extract.check_path(ctx.path)
+            source = "path"
+            header = req.get(b"x-model-id")
+            if header is not None:
+                try:
+                    name = header.decode("ascii")
+                except UnicodeDecodeError:
+                    raise errors.InvalidModelName("X-Model-ID must be ASCII", param="model") from None
+                extract.check_model_name(name, "X-Model-ID")
+                source = "header"
+            if name is not None:
+                if self.inventory.resolve(name) is None:
+                    raise errors.ModelNotFound(f"model {name!r} does not exist", param="model")
+                ctx.model_name, ctx.source = name, source
+        except FlexInferError as exc:
+            return exc
+        return None
+
+    def _authenticate(self, req: Request, ctx: RequestContext) -> FlexInferError | None:
+        if self.auth is None:
+            return None
+        values = [v for k, v in req.headers if k == b"authorization"]
+        try:
+            self.auth.check(values)
+        except errors.Unauthorized as exc:
+            return exc
+        ctx.authenticated = True
+        return None
+
+    # -- phase 2: the whole request --------------------------------------------------------------
+    async def handle(self, req: Request, resp: ResponseWriter) -> None:
+        ctx: RequestContext = req.ctx  # type: ignore[assignment]
+        path = req.path
+        if path in _CONTROL or path.startswith("/v1/models/"):
+            self._control(req, resp, ctx)
+            return
+        model_label = ""
+        try:
+            if self.draining:
+                raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
+            data: dict[str, Any] | None = None
+            ctype = req.content_type
+            if req.body and ctype == b"application/json":
+                data = extract.parse_json(req.body)
+            name = ctx.model_name
+            if name is None:
+                if data is not None:
+                    name = extract.body_model(data)
+                    ctx.source = "body"
+                elif ctype == b"multipart/form-data" and req.body:
+                    name = extract.multipart_model(req.body, req.get(b"content-type") or b"")
+                    ctx.source = "multipart"
+            if name is None:
+                raise errors.MissingModel(
+                    "no model named: set \"model\" in the body, the X-Model-ID header or a /model/<name>/ path",
+                    param="model")
+            view = self.inventory.resolve(name)
+            if view is None:
+                raise errors.ModelNotFound(f"model {name!r} does not exist", param="model")
+            model_label = view.name
+            if self.limiter is not None:
+                self.limiter.check(view.name)
+            if not view.ready or not view.endpoints:
+                view = await self._activate(view, req, resp, data)
+            body = req.body
+            if data is not None and view.rewrite_model and "model" in data:
+                body = extract.rewrite_model(body, data, view.upstream_model)
+            await self.forwarder.forward(req, resp, ctx, view, data, body)
+        except FlexInferError as exc:
+            self._error(resp, ctx, exc, model_label)
+        except asyncio.CancelledError:
+            # the client went away while we waited (our on_disconnect callback cancelled us)
+            self.metrics.client_aborts.labels(model_label).inc()
+            self.metrics.count(model_label, 499)
+            if not resp.finished:
+                resp.abort()
+
+    async def _activate(self, view: ModelView, req: Request, resp: ResponseWriter,
+                        data: dict[str, Any] | None) -> ModelView:
+        if self.activator is None:
+            raise errors.ServiceUnavailable(f"model {view.name!r} has no ready replica")
+        result: ModelView = await self.activator.wait_ready(view, req, resp, data)
+        return result
+
+    def _error(self, resp: ResponseWriter, ctx: RequestContext, exc: FlexInferError, model: str) -> None:
+        self.metrics.count(model, exc.status)
+        if resp.started:
+            resp.abort()
+            return
+        resp.send_error(exc, [(b"x-request-id", ctx.request_id), *exc.headers])
+
+    # -- control endpoints -----------------------------------------------------------------------
+    def _control(self, req: Request, resp: ResponseWriter, ctx: RequestContext) -> None:
+        path = req.path
+        if req.method not in ("GET", "HEAD"):
+            resp.send_error(errors.MethodNotAllowed(f"{req.method} is not allowed on {path}"))
+            return
+        if path == "/healthz":
+            resp.send(200, JSON, _HEALTH_BODY)
+        elif path == "/readyz":
+            if self.draining:
+                resp.send(503, JSON, b'{"status":"draining"}')
+            else:
+                resp.send(200, JSON, b'{"status":"ready"}')
+        elif path == "/metrics":
+            resp.send(200, [(b"content-type", METRICS_CONTENT_TYPE)], self.metrics.render())
+        elif path == "/v1/models":
+            data = [self._model_object(v) for v in self.inventory.models()]
+            resp.send(200, JSON + [(b"x-request-id", ctx.request_id)],
+                      orjson.dumps({"object": "list", "data": data}))
+        else:  # /v1/models/<id>
+            name = path[len("/v1/models/"):]
+            view = self.inventory.resolve(name) if name else None
+            if view is None:
+                resp.send_error(errors.ModelNotFound(f"model {name!r} does not exist", param="model"),
+                                [(b"x-request-id", ctx.request_id)])
+                return
+            resp.send(200, JSON + [(b"x-request-id", ctx.request_id)], orjson.dumps(self._model_object(view)))
+
+    @staticmethod
+    def _model_object(v: ModelView) -> dict[str, Any]:
+        return {
+            "id": v.name,
+            "object": "model",
+            "created": v.created,
+            "owned_by": v.owned_by,
+            "ready": v.ready,
+            "aliases": list(v.aliases),
+            "served_name": v.upstream_model,
+            **dict(v.metadata),
+        }

@@ -1,0 +1,282 @@
+"""Replica choice: routing strategies over an immutable per-model endpoint snapshot.
+
+Strategies (per model, from its ``routing`` setting or the ``flexinfer.ai/routing`` annotation):
+
+- ``default``: the only endpoint, or round-robin over several (``round-robin`` is the same).
+- ``session-affinity``: key = ``X-Session-ID`` -> ``X-Conversation-ID`` -> body ``session_id`` ->
+  ``"msg:"`` + 16 hex of sha256 over the first <= 5 message contents; endpoint from the hash ring
+  with bounded loads (a hot session cannot melt one replica).
+- ``prefix``: key = ``X-Flexinfer-Cache-Key`` -> body ``cache_key`` (<= 128 chars of
+  ``[A-Za-z0-9._:/=-]``, lowercased) -> body ``prefix`` (first 512 chars) -> the system messages;
+  endpoint from the ring; with none of these, the session key.
+- ``prefix-cache``: chained 64-byte block hashes of the prompt matched against a :class:`PrefixStore`
+  that remembers which endpoint served which blocks; among the top 5 longest matches the least
+  loaded wins.
+- ``least-loaded``: fewest in-flight requests counted by this proxy.
+
+A strategy that finds no key falls back to ``least-loaded``. The router keeps one ring per model and
+applies endpoint diffs when a new (immutable) view arrives; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from flexinfer._speedups import HashRing, chained_block_hashes
+from flexinfer.runtime.base import Endpoint, ModelView
+
+CACHE_KEY_RE = re.compile(r"[A-Za-z0-9._:/=\-]{1,128}\Z")
+PREFIX_CHARS = 512
+SESSION_MESSAGES = 5
+PREFIX_BLOCKS = 128
+PREFIX_BLOCK_SIZE = 64
+PREFIX_TOP = 5
+PREFIX_LRU = 50_000
+BOUNDED_LOAD_EPSILON = 0.25
+
+
+class _Headers(Protocol):
+    def get(self, name: bytes, default: bytes | None = None) -> bytes | None: ...
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _header_str(req: _Headers, name: bytes) -> str | None:
+    v = req.get(name)
+    if not v:
+        return None
+    try:
+        s = v.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    return s[:256] or None
+
+
+def session_key(data: dict[str, Any] | None, req: _Headers) -> tuple[str | None, str]:
+    """(key, source) for session affinity."""
+    for name, source in ((b"x-session-id", "session-header"), (b"x-conversation-id", "conversation-header")):
+        v = _header_str(req, name)
+        if v:
+            return v, source
+    if data is None:
+        return None, "none"
+    sid = data.get("session_id")
+    if isinstance(sid, str) and sid:
+        return sid[:256], "body-session"
+    msgs = data.get("messages")
+    if isinstance(msgs, list) and msgs:
+        h = hashlib.sha256()
+        for m in msgs[:SESSION_MESSAGES]:
+            if isinstance(m, dict):
+                h.update(_content_text(m.get("content")).encode("utf-8", "surrogatepass"))
+                h.update(b"\x00")
+        return "msg:" + h.hexdigest()[:16], "messages"
+    return None, "none"
+
+
+def prefix_key(data: dict[str, Any] | None, req: _Headers) -> tuple[str | None, str]:
+    """(key, source) for the ``prefix`` strategy."""
+    v = _header_str(req, b"x-flexinfer-cache-key")
+    if v and CACHE_KEY_RE.match(v):
+        return v.lower(), "cache-key-header"
+    if data is not None:
+        ck = data.get("cache_key")
+        if isinstance(ck, str) and CACHE_KEY_RE.match(ck):
+            return ck.lower(), "cache-key"
+        p = data.get("prefix")
+        if isinstance(p, str) and p:
+            return p[:PREFIX_CHARS], "prefix"
+        msgs = data.get("messages")
+        if isinstance(msgs, list):
+            system = "".join(_content_text(m.get("content")) for m in msgs
+                             if isinstance(m, dict) and m.get("role") == "system")
+            if system:
+                return system[:PREFIX_CHARS], "system"
+    return session_key(data, req)
+
+
+def prompt_text(data: dict[str, Any] | None, limit: int = PREFIX_BLOCKS * PREFIX_BLOCK_SIZE) -> str:
+    """The prompt as one string (chat contents in order, or ``prompt``), cut at ``limit`` chars."""
+    if data is None:
+        return ""
+    msgs = data.get("messages")
+    if isinstance(msgs, list):
+        parts: list[str] = []
+        size = 0
+        for m in msgs:
+            if isinstance(m, dict):
+                t = _content_text(m.get("content"))
+                parts.append(t)
+                size += len(t)
+                if size >= limit:
+                    break
+        return "".join(parts)[:limit]
+    p = data.get("prompt")
+    if isinstance(p, str):
+        return p[:limit]
+    if isinstance(p, list) and p and isinstance(p[0], str):
+        return p[0][:limit]
+    return ""
+
+
+class PrefixStore:
+    """Which endpoint served which prompt-block hashes: an LRU of ``capacity`` hashes per endpoint."""
+
+    def __init__(self, capacity: int = PREFIX_LRU) -> None:
+        self.capacity = capacity
+        self._by_ep: dict[str, OrderedDict[int, None]] = {}
+
+    def match_len(self, ep: str, hashes: list[int]) -> int:
+        """Longest i such that hashes[:i] were served by ``ep`` (binary search: the chain means a
+        later block implies all earlier ones)."""
+        lru = self._by_ep.get(ep)
+        if not lru or not hashes:
+            return 0
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in lru:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def record(self, ep: str, hashes: list[int]) -> None:
+        lru = self._by_ep.get(ep)
+        if lru is None:
+            lru = self._by_ep[ep] = OrderedDict()
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+    def forget(self, ep: str) -> None:
+        self._by_ep.pop(ep, None)
+
+    def endpoints(self) -> list[str]:
+        return list(self._by_ep)
+
+    def size(self, ep: str) -> int:
+        return len(self._by_ep.get(ep, ()))
+
+
+class _ModelState:
+    __slots__ = ("by_key", "endpoints", "ring", "rr")
+
+    def __init__(self) -> None:
+        self.endpoints: tuple[Endpoint, ...] = ()
+        self.by_key: dict[str, Endpoint] = {}
+        self.ring = HashRing()
+        self.rr = 0
+
+
+class Router:
+    """Picks an endpoint per request and tracks in-flight counts per endpoint."""
+
+    def __init__(self, prefix_capacity: int = PREFIX_LRU) -> None:
+        self.in_flight: dict[str, int] = {}
+        self.prefixes = PrefixStore(prefix_capacity)
+        self._models: dict[str, _ModelState] = {}
+
+    def _state(self, view: ModelView) -> _ModelState:
+        st = self._models.get(view.name)
+        if st is None:
+            st = self._models[view.name] = _ModelState()
+        if st.endpoints is not view.endpoints and st.endpoints != view.endpoints:
+            gone = set(st.by_key) - {e.key for e in view.endpoints}
+            st.ring.set_nodes([e.key for e in view.endpoints])  # applies the diff
+            st.by_key = {e.key: e for e in view.endpoints}
+            for key in gone:
+                if not any(key in s.by_key for s in self._models.values()):
+                    self.prefixes.forget(key)
+        st.endpoints = view.endpoints
+        return st
+
+    def pick(self, view: ModelView, data: dict[str, Any] | None, req: _Headers,
+             exclude: frozenset[str] = frozenset()) -> tuple[Endpoint, str, str]:
+        """(endpoint, strategy, key source) for one request; LookupError when none is left."""
+        st = self._state(view)
+        eps = view.endpoints if not exclude else tuple(e for e in view.endpoints if e.key not in exclude)
+        if not eps:
+            raise LookupError(view.name)
+        strategy = view.routing
+        if len(eps) == 1:
+            ep = eps[0]
+            if strategy == "prefix-cache":
+                self.prefixes.record(ep.key, self._hashes(data))
+            return ep, strategy if strategy != "round-robin" else "default", "single"
+        if strategy in ("default", "round-robin"):
+            st.rr += 1
+            return eps[st.rr % len(eps)], "round-robin", "none"
+        if strategy in ("session-affinity", "prefix"):
+            key, source = (session_key if strategy == "session-affinity" else prefix_key)(data, req)
+            if key is not None:
+                ep = self._ring_pick(st, key, exclude)
+                if ep is not None:
+                    return ep, strategy, source
+            return self._least_loaded(eps), strategy, "fallback-least-loaded"
+        if strategy == "prefix-cache":
+            hashes = self._hashes(data)
+            ep, source = self._prefix_cache_pick(eps, hashes)
+            self.prefixes.record(ep.key, hashes)
+            return ep, strategy, source
+        return self._least_loaded(eps), "least-loaded", "in-flight"
+
+    def _ring_pick(self, st: _ModelState, key: str, exclude: frozenset[str]) -> Endpoint | None:
+        name = st.ring.get_bounded(key, self.in_flight, BOUNDED_LOAD_EPSILON)
+        if name is None:
+            return None
+        if name in exclude:  # a refused replica on retry: walk to the next one on the ring
+            for e in st.endpoints:
+                if e.key not in exclude:
+                    return e
+            return None
+        return st.by_key.get(name)
+
+    def _least_loaded(self, eps: tuple[Endpoint, ...]) -> Endpoint:
+        load = self.in_flight
+        best, best_n = eps[0], load.get(eps[0].key, 0)
+        for e in eps[1:]:
+            n = load.get(e.key, 0)
+            if n < best_n:
+                best, best_n = e, n
+        return best
+
+    @staticmethod
+    def _hashes(data: dict[str, Any] | None) -> list[int]:
+        text = prompt_text(data)
+        return chained_block_hashes(text, PREFIX_BLOCK_SIZE, PREFIX_BLOCKS) if text else []
+
+    def _prefix_cache_pick(self, eps: tuple[Endpoint, ...], hashes: list[int]) -> tuple[Endpoint, str]:
+        if hashes:
+            scored = [(self.prefixes.match_len(e.key, hashes), e) for e in eps]
+            scored = [s for s in scored if s[0] > 0]
+            if scored:
+                scored.sort(key=lambda s: -s[0])
+                top = scored[:PREFIX_TOP]
+                load = self.in_flight
+                best = min(top, key=lambda s: (load.get(s[1].key, 0), -s[0]))
+                return best[1], f"prefix-match-{best[0]}"
+        return self._least_loaded(eps), "prefix-miss"
+
+    def acquire(self, ep: Endpoint) -> None:
+        self.in_flight[ep.key] = self.in_flight.get(ep.key, 0) + 1
+
+    def release(self, ep: Endpoint) -> None:
+        n = self.in_flight.get(ep.key, 0) - 1
+        if n > 0:
+            self.in_flight[ep.key] = n
+        else:
+            self.in_flight.pop(ep.key, None)

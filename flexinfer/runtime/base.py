@@ -1,0 +1,151 @@
+"""The runtime interface: what the proxy may know about where models live.
+
+The proxy talks only to :class:`Inventory` (model name -> :class:`ModelView`) and :class:`Scaler`
+(wake a model, record demand). Implementations: ``static`` (a YAML file of fixed backends),
+``local`` (processes on this machine) and ``kube`` (custom resources watched in a cluster).
+Nothing here does I/O; views are immutable snapshots swapped atomically when anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+ROUTING_STRATEGIES = ("default", "round-robin", "session-affinity", "prefix", "prefix-cache", "least-loaded")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One replica of a model: an address the proxy may dial (never derived from user input)."""
+
+    host: str
+    port: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """``http://host:port`` or ``host:port`` -> Endpoint. Only plain HTTP is spoken upstream."""
+        s = url.strip()
+        if s.startswith("http://"):
+            s = s[7:]
+        elif "://" in s:
+            raise ValueError(f"unsupported endpoint scheme in {url!r} (only http:// is supported)")
+        s = s.rstrip("/")
+        if "/" in s:
+            raise ValueError(f"endpoint {url!r} must not contain a path")
+        if s.startswith("["):  # [v6]:port
+            host, _, port = s[1:].partition("]:")
+        else:
+            host, _, port = s.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"endpoint {url!r} must look like http://host:port")
+        return cls(host, int(port))
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """Everything the proxy needs to serve one model, frozen."""
+
+    name: str
+    endpoints: tuple[Endpoint, ...] = ()
+    ready: bool = True
+    served_name: str | None = None  # body "model" is rewritten to this (None: left as sent)
+    aliases: tuple[str, ...] = ()
+    routing: str = "default"
+    cold_start_timeout: float | None = None
+    context_window: int | None = None
+    rewrite_model: bool = True  # False for a LoRA adapter routed to its parent: body untouched
+    owned_by: str = "flexinfer"
+    created: int = 0
+    metadata: Mapping[str, Any] = field(default=_EMPTY)
+
+    @property
+    def upstream_model(self) -> str:
+        return self.served_name or self.name
+
+
+@runtime_checkable
+class Inventory(Protocol):
+    """Model name -> view. ``resolve`` is called on every request: it must be a dict lookup."""
+
+    def resolve(self, name: str) -> ModelView | None:
+        """The model a client name refers to (name, alias, service label or adapter), or None."""
+        ...
+
+    def models(self) -> Iterable[ModelView]:
+        """Every model, for ``GET /v1/models``."""
+        ...
+
+    def subscribe(self, callback: Callable[[ModelView], None]) -> None:
+        """Call ``callback(view)`` whenever a model's view changes (readiness, endpoints)."""
+        ...
+
+
+@runtime_checkable
+class Scaler(Protocol):
+    """Wakes models that are not ready and learns which models are in demand."""
+
+    async def wake(self, model: ModelView) -> None:
+        """Ask for the model to be started; returns once the request is made (not when ready).
+        Raises an exception with a readable message when the model cannot be started."""
+        ...
+
+    def record_demand(self, model: ModelView) -> None:
+        """A request for ``model`` was seen now (cheap; called on every request)."""
+        ...
+
+
+class InventorySnapshot:
+    """An immutable name index over a set of views; build a new one and swap it on change."""
+
+    __slots__ = ("by_name", "views")
+
+    def __init__(self, views: Iterable[ModelView]) -> None:
+        self.views: tuple[ModelView, ...] = tuple(views)
+        index: dict[str, ModelView] = {}
+        for v in self.views:  # canonical names win over aliases
+            for alias in v.aliases:
+                index.setdefault(alias, v)
+        for v in self.views:
+            index[v.name] = v
+        self.by_name = index
+
+
+class StaticInventoryBase:
+    """Shared plumbing for inventories that hold a snapshot and notify subscribers."""
+
+    def __init__(self, views: Iterable[ModelView] = ()) -> None:
+        self._snap = InventorySnapshot(views)
+        self._subscribers: list[Callable[[ModelView], None]] = []
+
+    def resolve(self, name: str) -> ModelView | None:
+        return self._snap.by_name.get(name)
+
+    def models(self) -> Iterable[ModelView]:
+        return self._snap.views
+
+    def subscribe(self, callback: Callable[[ModelView], None]) -> None:
+        self._subscribers.append(callback)
+
+    def replace(self, views: Iterable[ModelView]) -> None:
+        """Swap in a new set of views and notify subscribers of every view that changed."""
+        old = self._snap.by_name
+        self._snap = InventorySnapshot(views)
+        for v in self._snap.views:
+            if old.get(v.name) != v:
+                for cb in self._subscribers:
+                    cb(v)
+
+    def update(self, view: ModelView) -> None:
+        """Replace (or add) one model's view."""
+        views = [v for v in self._snap.views if v.name != view.name]
+        views.append(view)
+        self.replace(views)

@@ -1,0 +1,101 @@
+"""The static inventory: a YAML file that maps model names to fixed backend URLs.
+
+Format (``examples/static.yaml``)::
+
+    models:
+      - name: smollm2                 # what clients send as "model"
+        endpoints: [http://127.0.0.1:18001]
+        served_name: SmolLM2          # optional: body "model" rewritten to this
+        aliases: [small]              # optional
+        routing: default              # default | round-robin | session-affinity | prefix | prefix-cache | least-loaded
+        context_window: 2048          # optional: enables the max_tokens clamp
+
+Models of a static inventory are always ready; it has no scaler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from flexinfer.runtime.base import ROUTING_STRATEGIES, Endpoint, ModelView, StaticInventoryBase
+
+
+class InventoryConfigError(ValueError):
+    """The inventory file is malformed; the message names the model and field."""
+
+
+def _str_list(model: str, key: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+        raise InventoryConfigError(f"model {model!r}: {key} must be a list of strings")
+    return tuple(value)
+
+
+def parse_model(entry: Mapping[str, Any]) -> ModelView:
+    if not isinstance(entry, Mapping):
+        raise InventoryConfigError("each entry of 'models' must be a mapping")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise InventoryConfigError("every model needs a non-empty 'name'")
+    urls = _str_list(name, "endpoints", entry.get("endpoints", entry.get("endpoint")))
+    if not urls:
+        raise InventoryConfigError(f"model {name!r}: at least one endpoint is required")
+    try:
+        endpoints = tuple(Endpoint.parse(u) for u in urls)
+    except ValueError as exc:
+        raise InventoryConfigError(f"model {name!r}: {exc}") from None
+    routing = entry.get("routing", "default")
+    if routing not in ROUTING_STRATEGIES:
+        raise InventoryConfigError(f"model {name!r}: routing must be one of {', '.join(ROUTING_STRATEGIES)}")
+    window = entry.get("context_window")
+    if window is not None and (not isinstance(window, int) or window <= 0):
+        raise InventoryConfigError(f"model {name!r}: context_window must be a positive integer")
+    served = entry.get("served_name")
+    if served is not None and not isinstance(served, str):
+        raise InventoryConfigError(f"model {name!r}: served_name must be a string")
+    return ModelView(
+        name=name,
+        endpoints=endpoints,
+        ready=True,
+        served_name=served,
+        aliases=_str_list(name, "aliases", entry.get("aliases")),
+        routing=routing,
+        context_window=window,
+        metadata={"backend": str(entry.get("backend", "static"))},
+    )
+
+
+def load_static(path: str) -> list[ModelView]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise InventoryConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InventoryConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), list):
+        raise InventoryConfigError(f"{path}: expected a mapping with a 'models' list")
+    views = [parse_model(e) for e in doc["models"]]
+    seen: dict[str, str] = {}
+    for v in views:
+        for n in (v.name, *v.aliases):
+            if n in seen:
+                raise InventoryConfigError(f"name {n!r} is used by both {seen[n]!r} and {v.name!r}")
+            seen[n] = v.name
+    return views
+
+
+class StaticInventory(StaticInventoryBase):
+    """Inventory backed by a YAML file; every model is ready and has fixed endpoints."""
+
+    scaler = None
+
+    @classmethod
+    def from_file(cls, path: str) -> StaticInventory:
+        return cls(load_static(path))

@@ -1,0 +1,142 @@
+"""Hostile input end to end: the right status, the connection closed, nothing reaches the engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.proxy.conftest import Stack, fast_settings, model
+
+BODY = b'{"model":"m1","messages":[{"role":"user","content":"x"}]}'
+
+
+def exchange(port: int, data: bytes, timeout: float = 3.0) -> tuple[int, bytes, bool]:
+    """Send raw bytes; return (status, response bytes, closed by the proxy within the timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        buf, closed = b"", False
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            buf += chunk
+    status = int(buf.split(b" ", 2)[1]) if buf.startswith(b"HTTP/1.1 ") else 0
+    return status, buf, closed
+
+
+def post(path: str, headers: str = "", body: bytes = BODY) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+CASES = [
+    ("M25 CR in X-Model-ID", post("/v1/chat/completions", "X-Model-ID: m\rX-Evil: 1\r\n"), 400),
+    ("M28 obs-text model", post("/v1/chat/completions", "X-Model-ID: ll\xffama\r\n"), 400),
+    ("M33 underscore header", post("/v1/chat/completions", "X_Model_ID: m1\r\n"), 400),
+    ("H1 path CRLF", post("/model/m%0d%0aX-Evil:%201/v1/chat/completions"), 400),
+    ("H1 body CRLF", post("/v1/chat/completions", body=b'{"model":"m\\r\\nX-Evil: 1"}'), 400),
+    ("P1 dot-dot", post("/model/../admin/v1/chat/completions"), 400),
+    ("P1 encoded dots", post("/model/%2e%2e/v1/chat/completions"), 400),
+    ("P1 encoded slash", post("/model/foo%2fbar/v1/chat/completions"), 400),
+    ("P1 climbing", post("/model/m1/../../v1/x"), 400),
+    ("P1 double-encoded", post("/v1/%252e%252e/x"), 400),
+    ("N1 service name", post("/v1/chat/completions", body=b'{"model":"kubernetes.default.svc"}'), 404),
+    ("N1 host:port", post("/v1/chat/completions", body=b'{"model":"127.0.0.1:6443"}'), 404),
+    ("N1 userinfo", post("/v1/chat/completions", body=b'{"model":"a@evil:80"}'), 404),
+    ("N1 fragment", post("/v1/chat/completions", body=b'{"model":"evil.com/#"}'), 400),
+    ("N1 case", post("/v1/chat/completions", body=b'{"model":"M1"}'), 404),
+    ("N1 trailing space", post("/v1/chat/completions", body=b'{"model":"m1 "}'), 400),
+    ("missing model", post("/v1/chat/completions", body=b'{"messages":[]}'), 400),
+    ("R16 deep nesting", post("/v1/chat/completions", body=b"[" * 100_000), 400),
+    ("R16 huge int", post("/v1/chat/completions", body=b'{"model":"m1","n":' + b"9" * 5000 + b"}"), 400),
+    ("R16 NaN", post("/v1/chat/completions", body=b'{"model":"m1","t":NaN}'), 400),
+    ("R16 duplicate model", post("/v1/chat/completions", body=b'{"model":"m1","model":"m2"}'), 400),
+    ("not an object", post("/v1/chat/completions", body=b'["m1"]'), 400),
+]
+
+
+@pytest.mark.parametrize(("data", "status"), [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_refused_before_the_engine(proxy: Stack, data: bytes | str, status: int) -> None:
+    raw = data.encode("latin-1") if isinstance(data, str) else data
+    got, buf, _ = exchange(proxy.port, raw)
+    assert got == status, buf[:300]
+    body = buf.split(b"\r\n\r\n", 1)[1]
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert b"X-Evil" not in buf.split(b"\r\n\r\n")[0]
+    assert proxy.stub.requests == []
+    # a following valid request on a new connection succeeds
+    ok, _, _ = exchange(proxy.port, post("/v1/chat/completions", "Connection: close\r\n"))
+    assert ok == 200
+    assert len(proxy.stub.requests) == 1
+
+
+@pytest.fixture
+def authed(stack: Stack) -> Stack:
+    stack.start_proxy([model("m1", stack.stub)], fast_settings(auth_enabled=True, auth_tokens=("s3cret",)))
+    return stack
+
+
+AUTH_CASES = [
+    ("A1 none", ""),
+    ("A2 empty bearer", "Authorization: Bearer\r\n"),
+    ("A2 double space", "Authorization: Bearer  s3cret\r\n"),
+    ("A2 trailing space", "Authorization: Bearer s3cret \r\n"),
+    ("A2 two headers", "Authorization: Bearer s3cret\r\nAuthorization: Bearer s3cret\r\n"),
+    ("A2 basic", "Authorization: Basic czNjcmV0\r\n"),
+    ("A3 non-ascii", "Authorization: Bearer t\xf6k\xe9n\r\n"),
+    ("wrong", "Authorization: Bearer s3cre\r\n"),
+]
+
+
+@pytest.mark.parametrize("hdr", [c[1] for c in AUTH_CASES], ids=[c[0] for c in AUTH_CASES])
+def test_auth_refusals(authed: Stack, hdr: str) -> None:
+    got, buf, _ = exchange(authed.port, post("/v1/chat/completions", hdr))
+    head = buf.split(b"\r\n\r\n", 1)[0].lower()
+    if "\xf6" in hdr and got == 400:  # obs-text refused by the HTTP core before auth: also fine
+        assert b"invalid" in buf
+    else:
+        assert got == 401, buf[:200]
+        assert b"www-authenticate: bearer" in head
+    assert b"s3cret" not in buf
+    assert authed.stub.requests == []
+
+
+def test_auth_ok_and_token_not_forwarded(authed: Stack) -> None:
+    got, _, _ = exchange(authed.port, post("/v1/chat/completions", "Authorization: bearer s3cret\r\nConnection: close\r\n"))
+    assert got == 200
+    assert "authorization" not in authed.stub.requests[0].headers
+
+
+def test_unauthenticated_body_is_never_read(authed: Stack) -> None:
+    """A6/M59: 401 at once, without 100 Continue and without waiting for the 10 MiB body."""
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 10000000\r\n\r\n")
+    t0 = time.monotonic()
+    got, buf, closed = exchange(authed.port, head)
+    assert got == 401 and closed
+    assert b"100 Continue" not in buf
+    assert time.monotonic() - t0 < 1.5
+    assert authed.stub.requests == []
+
+
+def test_internal_headers_stripped_and_forwarded_for_set(proxy: Stack) -> None:
+    hdrs = ("X-Forwarded-For: 6.6.6.6\r\nX-Flexinfer-Route: forged\r\nConnection: close, X-Secret\r\n"
+            "X-Secret: 1\r\nX-Session-ID: s1\r\n")
+    got, _, _ = exchange(proxy.port, post("/v1/chat/completions", hdrs))
+    assert got == 200
+    h = proxy.stub.requests[0].headers
+    assert h["x-forwarded-for"] == "127.0.0.1"
+    assert "x-flexinfer-route" not in h and "x-secret" not in h
+    assert h["x-session-id"] == "s1"
+    raw_names = [k for k, _ in proxy.stub.requests[0].raw_headers]
+    assert len(raw_names) == len(set(raw_names))  # canonical: no duplicated header upstream
