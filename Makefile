@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test bench lint ext clean venv wrk
+.PHONY: run test bench lint ext clean venv wrk llama
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,16 +26,26 @@ venv: $(VENV)/.installed
 ext: venv
 	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v '^copying' || true
 
+# llama.cpp's server and the SmolLM2 model: the wheel is built once per machine into a cache.
+$(VENV)/.llama: scripts/ensure-llama.sh | $(VENV)/.installed
+	scripts/ensure-llama.sh $(PY)
+	touch $@
+
+llama: $(VENV)/.llama
+
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 
-run: ext
-	@echo "Starting flexinfer proxy on http://$(HOST):$(PORT) (static inventory, stub engine)"
-	$(PY) -m tests.stub_engine --port 18001 & \
-	trap 'kill %1 2>/dev/null' EXIT INT TERM; \
-	$(VENV)/bin/flexinfer proxy -c examples/static.yaml --host $(HOST) --port $(PORT)
+run: ext llama
+	@echo
+	@echo "FlexInfer is starting on http://$(HOST):$(PORT) (models from examples/local.yaml, started on first use)"
+	@echo "  curl -s http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'"
+	@echo "  status page: http://$(HOST):$(PORT)/   models: http://$(HOST):$(PORT)/v1/models"
+	@echo
+	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
-test: ext
+test: ext llama
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: ext wrk

@@ -112,6 +112,8 @@ class UpstreamSettings:
     pool_idle_timeout: float = _f(4.0, "PROXY_POOL_IDLE_TIMEOUT", "Idle pooled connection lifetime.")
     pool_max_idle: int = _f(64, "PROXY_POOL_MAX_IDLE", "Idle connections kept per backend.")
     read_buffer_high: int = _f(64 * KiB, None, "Buffered upstream bytes before reading pauses.")
+    max_response_header_bytes: int = _f(64 * KiB, None,
+                                        "Largest response head accepted from a backend; over it: protocol error.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,8 @@ class ProxySettings:
     max_queue_size: int = _f(100, "PROXY_MAX_QUEUE_SIZE", "Requests held per model while it wakes.")
     queue_timeout: float = _f(60.0, "PROXY_QUEUE_TIMEOUT", "Longest wait for a model to become ready.")
     cold_start_timeout: float = _f(60.0, "PROXY_COLD_START_TIMEOUT", "Default model cold-start timeout.")
+    queue_keepalive_after: float = _f(1.0, "PROXY_QUEUE_KEEPALIVE_AFTER", "Waiting streams get SSE comments after this.")
+    queue_keepalive_interval: float = _f(5.0, "PROXY_QUEUE_KEEPALIVE_INTERVAL", "Seconds between SSE waiting comments.")
     max_tokens_clamp: bool = _f(True, "PROXY_MAX_TOKENS_CLAMP_ENABLED", "Clamp max_tokens to the window.")
     max_tokens_reserve: int = _f(512, "PROXY_MAX_TOKENS_CLAMP_PROMPT_RESERVE_TOKENS", "Tokens kept for the prompt.")
     namespace: str = _f("default", "POD_NAMESPACE", "Kubernetes namespace of the proxy.")

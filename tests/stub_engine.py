@@ -245,7 +245,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="stub OpenAI engine")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=18001)
+    ap.add_argument("--start-delay", type=float, default=0.0, help="sleep before listening (slow cold start)")
+    ap.add_argument("--fail-once", default="", help="exit 1 the first time (creates this marker file)")
     args = ap.parse_args()
+    import os
+    import sys
+    if args.fail_once and not os.path.exists(args.fail_once):
+        open(args.fail_once, "w").close()
+        print("stub engine: failing on purpose (first start)", flush=True)
+        sys.exit(1)
+    if args.start_delay:
+        time.sleep(args.start_delay)
     try:
         import uvloop
         uvloop.install()

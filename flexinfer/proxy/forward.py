@@ -9,7 +9,6 @@ per-request metrics.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -114,32 +113,46 @@ class Forwarder:
                 raise
             return up, ep, strategy, source
 
+    async def _error_into_stream(self, up: UpstreamResponse, resp: ResponseWriter, view: ModelView) -> None:
+        """The backend refused a request whose SSE response was already started: say it as an event."""
+        try:
+            raw = await up.read_all(64 * 1024)
+            err = orjson.loads(raw).get("error") if raw else None
+        except (UpstreamError, orjson.JSONDecodeError, AttributeError):
+            err = None
+        if not isinstance(err, dict):
+            err = {"message": f"backend answered {up.status}", "type": "server_error", "param": None,
+                   "code": "upstream_error"}
+        resp.write(sse_event(orjson.dumps({"error": err})))
+        resp.end()
+        self.metrics.count(view.name, up.status)
+
     async def forward(self, req: Request, resp: ResponseWriter, ctx: Any, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
         metrics = self.metrics
         duration, ttfb, in_flight = metrics.per_model(view.name)
-        task = asyncio.current_task()
-        if task is not None:
-            resp.on_disconnect(task.cancel)
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         in_flight.inc()
         try:
             up, ep, strategy, source = await self._send(
                 req, f"{ctx.path}?{req.query}" if req.query else ctx.path, view, data, headers, body)
             try:
-                extra = []
-                if self.settings.route_header:
-                    extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
-                resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
+                if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
+                    if up.status != 200:
+                        await self._error_into_stream(up, resp, view)
+                        return
+                else:
+                    extra = []
+                    if self.settings.route_header:
+                        extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
+                    resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
                 ttfb.observe(time.perf_counter() - ctx.t0)
                 try:
                     await up.relay(resp)
                 except UpstreamError as exc:
                     metrics.upstream_errors.labels(exc.reason).inc()
-                    if _is_sse(up) and not resp.disconnected:
-                        err = errors.BadGateway(f"upstream failed mid-stream ({exc.reason})")
-                        resp.write(sse_event(orjson.dumps({"error": {
-                            "message": err.message, "type": err.type, "param": None, "code": err.error_code}})))
+                    if (ctx.sse_open or _is_sse(up)) and not resp.disconnected:
+                        resp.write(sse_error(errors.BadGateway(f"upstream failed mid-stream ({exc.reason})")))
                     resp.abort()
                     metrics.count(view.name, 502)
                     return
@@ -157,6 +170,12 @@ class Forwarder:
                 self.router.release(ep)
         finally:
             in_flight.dec()
+
+
+def sse_error(err: errors.FlexInferError) -> bytes:
+    """An OpenAI error object as one SSE event (the openai client raises APIError on it)."""
+    return sse_event(orjson.dumps({"error": {"message": err.message, "type": err.type, "param": err.param,
+                                             "code": err.error_code}}))
 
 
 def _map_upstream(exc: UpstreamError, view: ModelView) -> errors.FlexInferError:

@@ -24,12 +24,13 @@ from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.proxy import extract
 from flexinfer.proxy.auth import BearerAuth
-from flexinfer.proxy.forward import Forwarder
+from flexinfer.proxy.activation import Activator
+from flexinfer.proxy.forward import Forwarder, sse_error
 from flexinfer.proxy.limits import Limiter
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.routing import Router
-from flexinfer.runtime.base import Inventory, ModelView
+from flexinfer.runtime.base import Inventory, ModelView, Scaler
 from flexinfer.settings import ProxySettings
 
 log = logging.getLogger("flexinfer.proxy")
@@ -47,7 +48,7 @@ def new_request_id() -> bytes:
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
-    __slots__ = ("authenticated", "model_name", "path", "request_id", "source", "t0")
+    __slots__ = ("authenticated", "model_name", "path", "request_id", "source", "sse_open", "t0")
 
     def __init__(self, t0: float, request_id: bytes, path: str) -> None:
         self.t0 = t0
@@ -56,6 +57,7 @@ class RequestContext:
         self.model_name: str | None = None
         self.source = ""
         self.authenticated = False
+        self.sse_open = False  # an SSE response was started while waiting for the model
 
 
 class ProxyHandler:
@@ -63,7 +65,8 @@ class ProxyHandler:
 
     def __init__(self, inventory: Inventory, settings: ProxySettings, *, pools: Pools | None = None,
                  metrics: ProxyMetrics | None = None, router: Router | None = None,
-                 limiter: Any = None, activator: Any = None) -> None:
+                 limiter: Any = None, activator: Any = None, scaler: Scaler | None = None,
+                 admin: Any = None) -> None:
         self.inventory = inventory
         self.settings = settings
         self.metrics = metrics or ProxyMetrics()
@@ -72,10 +75,14 @@ class ProxyHandler:
         if limiter is None and settings.rate_limit_enabled:
             limiter = Limiter(settings, self.metrics)
         self.limiter = limiter
+        self.scaler = scaler
+        if activator is None and scaler is not None:
+            activator = Activator(inventory, scaler, settings, self.metrics)
         self.activator = activator
         tokens = settings.tokens() if settings.auth_enabled else ()
         self.auth: BearerAuth | None = BearerAuth(tokens) if settings.auth_enabled else None
         self.forwarder = Forwarder(self.pools, self.router, self.metrics, settings)
+        self.admin = admin  # extra routes (the local runtime's /running, /logs, ...): match(path), handle()
         self.server: Any = None
 
     # -- wiring ----------------------------------------------------------------------------------
@@ -99,6 +106,8 @@ class ProxyHandler:
             if path in ("/v1/models",) or path.startswith("/v1/models/"):
                 return self._authenticate(req, ctx)
             return None
+        if self.admin is not None and self.admin.match(path):
+            return self._authenticate(req, ctx)
         try:
             err = self._authenticate(req, ctx)
             if err is not None:
@@ -140,7 +149,13 @@ class ProxyHandler:
         if path in _CONTROL or path.startswith("/v1/models/"):
             self._control(req, resp, ctx)
             return
+        if self.admin is not None and self.admin.match(path):
+            await self.admin.handle(req, resp)
+            return
         model_label = ""
+        task = asyncio.current_task()
+        if task is not None:
+            resp.on_disconnect(task.cancel)  # stop waiting/forwarding the moment the client leaves
         try:
             if self.draining:
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
@@ -164,6 +179,8 @@ class ProxyHandler:
             if view is None:
                 raise errors.ModelNotFound(f"model {name!r} does not exist", param="model")
             model_label = view.name
+            if self.scaler is not None:
+                self.scaler.record_demand(view)
             if self.limiter is not None:
                 self.limiter.check(view.name)
             if not view.ready or not view.endpoints:
@@ -191,7 +208,11 @@ class ProxyHandler:
     def _error(self, resp: ResponseWriter, ctx: RequestContext, exc: FlexInferError, model: str) -> None:
         self.metrics.count(model, exc.status)
         if resp.started:
-            resp.abort()
+            if ctx.sse_open and not resp.finished and not resp.disconnected:
+                resp.write(sse_error(exc))
+                resp.end()
+            elif not resp.finished:
+                resp.abort()
             return
         resp.send_error(exc, [(b"x-request-id", ctx.request_id), *exc.headers])
 

@@ -65,7 +65,7 @@ class ModelView:
     rewrite_model: bool = True  # False for a LoRA adapter routed to its parent: body untouched
     owned_by: str = "flexinfer"
     created: int = 0
-    metadata: Mapping[str, Any] = field(default=_EMPTY)
+    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
     @property
     def upstream_model(self) -> str:

@@ -86,6 +86,11 @@ class Stack:
                 await self.handler.pools.close_all()
             for s in self.stubs:
                 await s.stop()
+            me = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not me]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
         try:
             self.run(stop(), timeout=10)
         finally:

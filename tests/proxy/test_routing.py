@@ -71,7 +71,7 @@ def test_shared_system_prompt_returns_to_its_replica(stack: Stack) -> None:
             else:
                 assert ep == first[i]
                 assert source.startswith("prefix-match-")
-                assert int(source.rsplit("-", 1)[1]) >= 100  # the whole system prompt matched
+                assert int(source.rsplit("-", 1)[1]) >= len(system) // 64  # the whole system prompt matched
 
 
 def test_least_loaded_spreads_concurrent_slow_requests(stack: Stack) -> None:

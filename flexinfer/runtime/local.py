@@ -1,0 +1,347 @@
+"""The local runtime: models as processes on this machine, started on demand.
+
+Owns the lifecycle of each model's process: a free port, the command, supervision (a crash of a
+running model restarts it with backoff while it is in demand), readiness polled every 50 ms on the
+health path, the idle TTL (SIGTERM, then SIGKILL after ``stop_timeout``), shared groups (one member
+running at a time, chosen by :func:`flexinfer.operator.sharing.choose_leader`, the old member's
+in-flight requests drained before it stops), recent output for ``/logs``, and stopping everything on
+exit. It is both the :class:`~flexinfer.runtime.base.Inventory` and the
+:class:`~flexinfer.runtime.base.Scaler` the proxy sees; it knows nothing about HTTP requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flexinfer.operator.sharing import Member, Windows, choose_leader
+from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase
+from flexinfer.runtime.localconfig import LocalModelSpec
+
+log = logging.getLogger("flexinfer.local")
+
+POLL_INTERVAL = 0.05
+LOG_LINES = 2000
+
+
+class StartError(RuntimeError):
+    """A model process could not be started or did not become healthy."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def http_ok(port: int, path: str, timeout: float = 1.0) -> bool:
+    """True when ``GET path`` on 127.0.0.1:port answers 2xx."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        parts = line.split(b" ", 2)
+        return len(parts) >= 2 and parts[1][:1] == b"2"
+    except (OSError, TimeoutError, ValueError):
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+@dataclass
+class _State:
+    spec: LocalModelSpec
+    state: str = "stopped"  # stopped | starting | ready | stopping | restarting | failed
+    port: int = 0
+    proc: asyncio.subprocess.Process | None = None
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    last_request: float | None = None  # time.time() of the last request seen
+    preempted_at: float | None = None
+    restarts: int = 0
+    last_error: str = ""
+    load_seconds: float = 0.0
+    intentional_stop: bool = False
+    start_task: asyncio.Task[None] | None = None
+    watch_task: asyncio.Task[None] | None = None
+    log_task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.logs: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
+        self.followers: set[asyncio.Queue[str | None]] = set()
+
+
+class LocalRuntime(StaticInventoryBase):
+    """Inventory + Scaler over local processes."""
+
+    def __init__(self, specs: list[LocalModelSpec], *, windows: Windows = Windows(),
+                 drain_timeout: float = 30.0, restart_backoff: tuple[float, float] = (1.0, 30.0),
+                 reap_interval: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+        self.models: dict[str, _State] = {s.name: _State(s) for s in specs}
+        self.windows = windows
+        self.drain_timeout = drain_timeout
+        self.restart_backoff = restart_backoff
+        self.reap_interval = reap_interval
+        self.clock = clock
+        self.in_flight: Callable[[str], int] = lambda key: 0  # wired to the proxy's router
+        self._group_locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._reaper: asyncio.Task[None] | None = None
+        super().__init__([self._view(st) for st in self.models.values()])
+
+    # -- views -------------------------------------------------------------------------------------
+    def _view(self, st: _State) -> ModelView:
+        s = st.spec
+        ready = st.state == "ready"
+        return ModelView(
+            name=s.name, endpoints=(Endpoint("127.0.0.1", st.port),) if ready else (), ready=ready,
+            served_name=s.served_name, aliases=s.aliases, routing=s.routing,
+            cold_start_timeout=s.cold_start_timeout or s.start_timeout, context_window=s.context_window, owned_by="flexinfer-local",
+            metadata={"backend": s.backend, "state": st.state, "group": s.group, "priority": s.priority},
+        )
+
+    def _publish(self, st: _State) -> None:
+        self.update(self._view(st))
+
+    # -- Scaler ------------------------------------------------------------------------------------
+    def record_demand(self, model: ModelView) -> None:
+        st = self.models.get(model.name)
+        if st is not None:
+            st.last_request = self.clock()
+
+    async def wake(self, model: ModelView) -> None:
+        """Start the model (swapping its group if the leader rule allows) and wait until healthy."""
+        st = self.models.get(model.name)
+        if st is None:
+            raise StartError(f"unknown model {model.name!r}")
+        if st.last_request is None:
+            st.last_request = self.clock()
+        if st.spec.group:
+            await self._wake_in_group(st)
+        else:
+            await self._ensure_started(st)
+
+    # -- groups ------------------------------------------------------------------------------------
+    def _members(self, group: str) -> list[_State]:
+        return [s for s in self.models.values() if s.spec.group == group]
+
+    def group_leader(self, group: str) -> str | None:
+        now = self.clock()
+        members = [Member(name=s.spec.name, priority=s.spec.priority,
+                          phase="Ready" if s.state == "ready" else ("Loading" if s.state == "starting" else ""),
+                          last_active=s.last_request,
+                          state="Active" if s.state in ("ready", "starting") else "",
+                          preempted_at=s.preempted_at, swap_cooldown=self.windows.min_cooldown)
+                   for s in self._members(group)]
+        return choose_leader(members, now, self.windows)
+
+    async def _wake_in_group(self, st: _State) -> None:
+        group = st.spec.group
+        assert group is not None
+        while True:
+            async with self._group_locks[group]:
+                if st.state == "ready":
+                    return
+                leader = self.group_leader(group)
+                if leader == st.spec.name:
+                    for other in self._members(group):
+                        if other is not st and other.state in ("ready", "starting", "restarting"):
+                            await self._drain_and_stop(other, preempted=True)
+                    await self._ensure_started(st)
+                    return
+            # requests are still waiting for this model: that is demand (the proxy cancels this wake
+            # when the last waiter leaves, so a model nobody wants any more stops asking)
+            st.last_request = self.clock()
+            await asyncio.sleep(min(1.0, max(0.05, self.windows.demand / 10)))
+
+    async def _drain_and_stop(self, st: _State, preempted: bool) -> None:
+        key = f"127.0.0.1:{st.port}"
+        end = time.monotonic() + self.drain_timeout
+        while self.in_flight(key) > 0 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        if preempted:
+            st.preempted_at = self.clock()
+            log.info("swapping out %s (group %s)", st.spec.name, st.spec.group)
+        await self.stop(st.spec.name)
+
+    # -- process lifecycle -------------------------------------------------------------------------
+    async def _ensure_started(self, st: _State) -> None:
+        if st.state == "ready":
+            return
+        if st.start_task is None or st.start_task.done():
+            st.start_task = asyncio.get_running_loop().create_task(self._start(st))
+        await asyncio.shield(st.start_task)
+
+    async def _start(self, st: _State) -> None:
+        s = st.spec
+        st.port = free_port()
+        argv = s.render(st.port)
+        env = {**os.environ, **s.env}
+        st.state, st.started_at, st.intentional_stop = "starting", time.monotonic(), False
+        st.logs.append(f"[flexinfer] starting {s.name}: {' '.join(argv)}")
+        self._publish(st)
+        log.info("starting %s on port %d", s.name, st.port)
+        try:
+            st.proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+                start_new_session=True)
+        except OSError as exc:
+            st.state, st.last_error = "failed", f"cannot run {argv[0]!r}: {exc.strerror}"
+            self._publish(st)
+            raise StartError(st.last_error) from None
+        st.log_task = asyncio.get_running_loop().create_task(self._pump_logs(st, st.proc))
+        deadline = time.monotonic() + s.start_timeout
+        while True:
+            if st.proc.returncode is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(st.log_task), 0.5)
+                tail = " | ".join(list(st.logs)[-3:])
+                st.state = "failed"
+                st.last_error = f"process exited with code {st.proc.returncode} during start: {tail}"
+                self._publish(st)
+                raise StartError(st.last_error)
+            if await http_ok(st.port, s.health_path, timeout=min(1.0, s.start_timeout)):
+                break
+            if time.monotonic() > deadline:
+                st.last_error = f"not healthy after {s.start_timeout:g}s"
+                await self._kill(st)
+                st.state = "failed"
+                self._publish(st)
+                raise StartError(st.last_error)
+            await asyncio.sleep(POLL_INTERVAL)
+        st.state, st.ready_at = "ready", time.monotonic()
+        st.load_seconds = st.ready_at - st.started_at
+        st.last_error = ""
+        log.info("%s ready in %.2fs (pid %d, port %d)", s.name, st.load_seconds, st.proc.pid, st.port)
+        self._publish(st)
+        st.watch_task = asyncio.get_running_loop().create_task(self._watch(st, st.proc))
+        self._ensure_reaper()
+
+    async def _pump_logs(self, st: _State, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                break
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            st.logs.append(text)
+            for q in list(st.followers):
+                if q.qsize() < 1000:
+                    q.put_nowait(text)
+
+    async def _watch(self, st: _State, proc: asyncio.subprocess.Process) -> None:
+        """Supervise a running process: an unexpected exit restarts it with backoff while in demand."""
+        code = await proc.wait()
+        if st.intentional_stop or st.proc is not proc:
+            return
+        st.state, st.last_error = "restarting", f"process exited unexpectedly with code {code}"
+        log.warning("%s: %s", st.spec.name, st.last_error)
+        self._publish(st)
+        delay = self.restart_backoff[0]
+        while not st.intentional_stop:
+            recent = st.last_request is not None and self.clock() - st.last_request <= max(st.spec.idle_ttl, 1)
+            if not recent:
+                st.state = "stopped"
+                self._publish(st)
+                return
+            await asyncio.sleep(delay)
+            if st.intentional_stop:
+                return
+            st.restarts += 1
+            try:
+                await self._start(st)
+                return
+            except StartError:
+                delay = min(delay * 2, self.restart_backoff[1])
+
+    async def _kill(self, st: _State) -> None:
+        proc = st.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), st.spec.stop_timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    async def stop(self, name: str) -> bool:
+        """Stop one model (SIGTERM, then SIGKILL). True if something was running."""
+        st = self.models[name]
+        if st.proc is None or st.proc.returncode is not None:
+            if st.state != "stopped":
+                st.state = "stopped"
+                self._publish(st)
+            return False
+        st.intentional_stop = True
+        st.state = "stopping"
+        self._publish(st)
+        await self._kill(st)
+        st.state = "stopped"
+        st.logs.append(f"[flexinfer] stopped {name}")
+        self._publish(st)
+        return True
+
+    async def stop_all(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await asyncio.gather(*(self.stop(n) for n in self.models), return_exceptions=True)
+
+    # -- idle TTL ----------------------------------------------------------------------------------
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.reap_interval)
+            now = self.clock()
+            for st in self.models.values():
+                ttl = st.spec.idle_ttl
+                if st.state != "ready" or ttl <= 0:
+                    continue
+                idle_since = st.last_request if st.last_request is not None else now
+                if now - idle_since > ttl and self.in_flight(f"127.0.0.1:{st.port}") == 0:
+                    log.info("%s idle for %.0fs: unloading", st.spec.name, now - idle_since)
+                    await self.stop(st.spec.name)
+
+    # -- admin views -------------------------------------------------------------------------------
+    def running(self) -> list[dict[str, object]]:
+        out = []
+        now_m = time.monotonic()
+        for st in self.models.values():
+            alive = st.proc is not None and st.proc.returncode is None
+            out.append({
+                "model": st.spec.name, "state": st.state, "port": st.port if alive else None,
+                "pid": st.proc.pid if alive and st.proc else None,
+                "uptime_s": round(now_m - st.ready_at, 1) if st.state == "ready" else 0,
+                "last_request": st.last_request, "group": st.spec.group, "priority": st.spec.priority,
+                "restarts": st.restarts, "last_error": st.last_error or None,
+                "load_seconds": round(st.load_seconds, 3) if st.load_seconds else None,
+            })
+        return out
+
+    def logs(self, name: str) -> list[str]:
+        return list(self.models[name].logs)
+
+    def follow(self, name: str) -> asyncio.Queue[str | None]:
+        q: asyncio.Queue[str | None] = asyncio.Queue()
+        self.models[name].followers.add(q)
+        return q
+
+    def unfollow(self, name: str, q: asyncio.Queue[str | None]) -> None:
+        self.models[name].followers.discard(q)
