@@ -93,7 +93,7 @@ def parse_wrk(out: str) -> dict[str, float]:
 
 
 def run_wrk(url: str, script: Path, connections: int, duration: float, core: str) -> tuple[dict[str, float], str]:
-    cmd = ["taskset", "-c", core, "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
+    cmd = ["taskset", "-c", core, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
            "-s", str(script), url]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return parse_wrk(out), out

@@ -29,7 +29,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexinfer", description="FlexInfer: LLM inference platform.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen = next((a for a in argv if a in COMMANDS), None)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_)
         if name == chosen:  # import only the chosen component
