@@ -1,0 +1,75 @@
+"""Compiled hot paths with pure-Python twins, and the one switch between them.
+
+Owns: choosing, per primitive, the compiled ``<name>_c`` module or its ``<name>_py`` twin,
+and saying which one is active. Must not: import anything from flexinfer (this package sits
+below every layer), or do work at import beyond loading the modules.
+
+* ``FLEXINFER_NO_EXTENSIONS`` set to anything but ``""``/``"0"`` forces the Python twins
+  (the same rule as ``setup.py``). Otherwise each primitive uses its compiled module when
+  it imports, and its twin on ``ImportError`` (no compiler at install time, a stale or
+  foreign build), so a pure install always works.
+* ``IMPLEMENTATIONS`` maps each primitive to ``"c"`` or ``"py"``; ``IMPLEMENTATION`` is
+  ``"c"`` or ``"py"`` when all agree, else ``"mixed"``. ``flexinfer.__speedups__`` reads it.
+* Type checkers always see the Python twins (same API, typed).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import import_module
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+__all__ = [
+    "IMPLEMENTATION",
+    "IMPLEMENTATIONS",
+    "NO_EXTENSIONS",
+    "PRIMITIVES",
+    "BucketRegistry",
+    "HashRing",
+    "TokenBucket",
+    "chained_block_hashes",
+    "load",
+]
+
+PRIMITIVES: tuple[str, ...] = ("hashring", "prefixhash", "tokenbucket")
+NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
+IMPLEMENTATIONS: dict[str, str] = {}
+
+
+def load(name: str, impl: str) -> ModuleType:
+    """Import one twin explicitly: ``load("hashring", "c")``; ImportError when not built."""
+    if name not in PRIMITIVES or impl not in ("c", "py"):
+        raise ValueError(f"unknown speedup {name!r}/{impl!r}")
+    return import_module(f"{__name__}.{name}_{impl}")
+
+
+def _pick(name: str) -> ModuleType:
+    if not NO_EXTENSIONS:
+        try:
+            module = load(name, "c")
+        except ImportError:
+            pass
+        else:
+            IMPLEMENTATIONS[name] = "c"
+            return module
+    IMPLEMENTATIONS[name] = "py"
+    return load(name, "py")
+
+
+if TYPE_CHECKING:
+    from .hashring_py import HashRing as HashRing
+    from .prefixhash_py import chained_block_hashes as chained_block_hashes
+    from .tokenbucket_py import BucketRegistry as BucketRegistry
+    from .tokenbucket_py import TokenBucket as TokenBucket
+else:
+    HashRing = _pick("hashring").HashRing
+    chained_block_hashes = _pick("prefixhash").chained_block_hashes
+    _tokenbucket = _pick("tokenbucket")
+    TokenBucket = _tokenbucket.TokenBucket
+    BucketRegistry = _tokenbucket.BucketRegistry
+    del _tokenbucket
+
+_kinds = set(IMPLEMENTATIONS.values())
+IMPLEMENTATION: str = _kinds.pop() if len(_kinds) == 1 else ("mixed" if _kinds else "py")
+del _kinds

@@ -1,0 +1,51 @@
+"""Fixtures that run every speedups test on both twins (compiled ``c`` and reference ``py``).
+
+A ``c`` case skips, saying why, when the extension is not built or when
+FLEXINFER_NO_EXTENSIONS is set (the pure-Python CI run). Run ``make ext`` to build.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from flexinfer import _speedups
+
+IMPLS = ("py", "c")
+
+
+def load(name: str, impl: str) -> ModuleType:
+    """The ``impl`` twin of primitive ``name``, or skip the test with the reason."""
+    if impl == "c" and _speedups.NO_EXTENSIONS:
+        pytest.skip("FLEXINFER_NO_EXTENSIONS is set: compiled twins are off")
+    try:
+        return _speedups.load(name, impl)
+    except ImportError as exc:
+        pytest.skip(f"{name}_c is not built ({exc}); run `make ext`")
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def hashring(impl: str) -> ModuleType:
+    return load("hashring", impl)
+
+
+@pytest.fixture
+def tokenbucket(impl: str) -> ModuleType:
+    return load("tokenbucket", impl)
+
+
+@pytest.fixture
+def prefixhash(impl: str) -> ModuleType:
+    return load("prefixhash", impl)
+
+
+@pytest.fixture
+def twins() -> dict[str, tuple[ModuleType, ModuleType]]:
+    """(py, c) module pairs for the agreement tests; skips when the c side is missing."""
+    return {name: (load(name, "py"), load(name, "c")) for name in _speedups.PRIMITIVES}

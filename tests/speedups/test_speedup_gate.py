@@ -1,0 +1,121 @@
+"""CI gate: every compiled primitive must stay >= 3x faster than its Python twin.
+
+Both twins are timed in the same run, interleaved, timeit style (the best of several repeats
+of many calls, in thread CPU time so preemption does not count), and only their ratio is
+checked, so a slow or busy machine does not fail it; a lost C fast path does. One
+re-measure absorbs a burst of noise on a shared CPU.
+Skips when the compiled twins are not built or are switched off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+
+from .conftest import load
+
+MIN_RATIO = 3.0
+REPEATS = 7
+
+
+def _best(fn: Callable[[], object], number: int) -> float:
+    # thread CPU time: time spent descheduled on a busy machine does not count
+    start = time.thread_time()
+    for _ in range(number):
+        fn()
+    return time.thread_time() - start
+
+
+def measure(py_fn: Callable[[], object], c_fn: Callable[[], object], number: int) -> float:
+    """py time / c time, each the best of REPEATS interleaved runs of ``number`` calls."""
+    py_best = c_best = float("inf")
+    py_fn()
+    c_fn()
+    for _ in range(REPEATS):
+        py_best = min(py_best, _best(py_fn, number))
+        c_best = min(c_best, _best(c_fn, number))
+    return py_best / c_best
+
+
+KEYS = [f"session-{i:05d}-{i * 7919 % 10007}" for i in range(500)]
+NODES = [f"10.0.0.{i}:8000" for i in range(1, 17)]
+
+
+def ring_get(mod: ModuleType) -> Callable[[], object]:
+    get = mod.HashRing(NODES).get
+
+    def run() -> None:
+        for k in KEYS:
+            get(k)
+
+    return run
+
+
+def ring_bounded(mod: ModuleType) -> Callable[[], object]:
+    ring = mod.HashRing(NODES)
+    loads = {node: i % 5 for i, node in enumerate(NODES)}
+    get_bounded = ring.get_bounded
+    keys = KEYS[:50]
+
+    def run() -> None:
+        for k in keys:
+            get_bounded(k, loads)
+
+    return run
+
+
+def bucket_take(mod: ModuleType) -> Callable[[], object]:
+    take = mod.TokenBucket(1e12, 1e12, now=0.0).take
+    times = [i * 1e-3 for i in range(500)]
+
+    def run() -> None:
+        for t in times:
+            take(1.0, t)
+
+    return run
+
+
+def registry_take(mod: ModuleType) -> Callable[[], object]:
+    take = mod.BucketRegistry(1e12, 1e12).take
+    pairs = [(KEYS[i % 50], i * 1e-3) for i in range(500)]
+
+    def run() -> None:
+        for key, t in pairs:
+            take(key, 1.0, t)
+
+    return run
+
+
+PROMPT = ("You are a helpful assistant. Answer briefly and cite sources. " * 4000)[:220_000]
+
+
+def prefix_hashes(mod: ModuleType) -> Callable[[], object]:
+    fn = mod.chained_block_hashes
+
+    def run() -> None:
+        fn(PROMPT)
+
+    return run
+
+
+CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] = {
+    "hashring.get": ("hashring", ring_get, 20),
+    "hashring.get_bounded": ("hashring", ring_bounded, 10),
+    "TokenBucket.take": ("tokenbucket", bucket_take, 20),
+    "BucketRegistry.take": ("tokenbucket", registry_take, 20),
+    "chained_block_hashes(220 KB)": ("prefixhash", prefix_hashes, 20),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_twin_is_at_least_3x_faster(case: str) -> None:
+    name, build, number = CASES[case]
+    py_fn = build(load(name, "py"))
+    c_fn = build(load(name, "c"))
+    ratio = measure(py_fn, c_fn, number)
+    if ratio < MIN_RATIO:  # one re-measure: a noisy neighbour, not a regression
+        ratio = max(ratio, measure(py_fn, c_fn, number))
+    assert ratio >= MIN_RATIO, f"{case}: compiled is only {ratio:.2f}x faster than Python (gate {MIN_RATIO}x)"
