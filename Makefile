@@ -49,8 +49,10 @@ test: ext llama
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: ext wrk
-	$(PY) -m pytest bench/ -q -p no:cacheprovider --benchmark-only
+	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only
 	$(PY) bench/load_proxy.py
+	$(PY) bench/bench_extender.py
+	$(PY) bench/bench_flashloader.py
 
 lint: venv
 	$(VENV)/bin/ruff check flexinfer tests bench

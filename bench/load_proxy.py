@@ -29,12 +29,13 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-MESSAGE = "x" * 1000
 
 SCENARIOS = {
-    # name: (extra body, extra headers)
-    "chat": ("", {}),
-    "chat-stream-35": (',"stream":true', {"x-stub-chunks": "32"}),  # role + 32 + finish + [DONE]
+    # name: (model, message characters, extra body, extra headers)
+    "chat": ("bench", 1000, "", {}),
+    "chat-stream-35": ("bench", 1000, ',"stream":true', {"x-stub-chunks": "32"}),  # role + 32 + finish + [DONE]
+    # 220 KB prompts sharing a long system prompt, routed by prefix-cache over two engines
+    "chat-220k-prefix-cache": ("bench-pc", 220_000, "", {}),
 }
 
 
@@ -123,29 +124,38 @@ def main() -> int:
     ncpu = os.cpu_count() or 1
     proxy_core, load_core = ("0", "1") if ncpu >= 2 else ("0", "0")
     tmp = Path(tempfile.mkdtemp(prefix="flexinfer-bench-"))
-    engine_port, proxy_port = free_port(), free_port()
+    engine_port, engine2_port, proxy_port = free_port(), free_port(), free_port()
     (tmp / "inv.yaml").write_text(
-        f"models:\n  - name: bench\n    endpoints: [http://127.0.0.1:{engine_port}]\n")
+        f"models:\n  - name: bench\n    endpoints: [http://127.0.0.1:{engine_port}]\n"
+        f"  - name: bench-pc\n    routing: prefix-cache\n"
+        f"    endpoints: [http://127.0.0.1:{engine_port}, http://127.0.0.1:{engine2_port}]\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     py = sys.executable
     engine = subprocess.Popen(["taskset", "-c", load_core, py, "-m", "tests.stub_engine", "--port",
                                str(engine_port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    engine2 = subprocess.Popen(["taskset", "-c", load_core, py, "-m", "tests.stub_engine", "--port",
+                                str(engine2_port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     proxy = subprocess.Popen(["taskset", "-c", proxy_core, py, "-m", "flexinfer.cli", "--log-level", "warning",
                               "proxy", "-c", str(tmp / "inv.yaml"), "--port", str(proxy_port)],
                              cwd=ROOT, env=env)
     results: dict[str, object] = {"connections": args.connections, "duration_s": args.duration,
-                                  "message_chars": len(MESSAGE), "scenarios": {}}
+                                  "scenarios": {}}
     try:
         wait_port(engine_port)
+        wait_port(engine2_port)
         wait_port(proxy_port)
         pp = psutil.Process(proxy.pid)
-        for name, (extra, headers) in SCENARIOS.items():
-            body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": MESSAGE}]})
+        for name, (model_name, chars, extra, headers) in SCENARIOS.items():
+            messages = [{"role": "user", "content": "x" * chars}]
+            if chars > 10_000:  # a shared system prompt, then the user's text
+                messages = [{"role": "system", "content": "You are a careful assistant. " * 300},
+                            {"role": "user", "content": "y" * (chars - 8700)}]
+            body = json.dumps({"model": model_name, "messages": messages})
             body = body[:-1] + extra + "}"
             script = tmp / f"{name}.lua"
             script.write_text(lua_script(body, headers))
             run_wrk(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", script, 8, 1.0, load_core)  # warm
-            direct, _ = run_wrk(f"http://127.0.0.1:{engine_port}/v1/chat/completions", script,
+            direct, _ = run_wrk(f"http://127.0.0.1:{engine_port}/v1/chat/completions", script,  # same body
                                 args.connections, args.duration, load_core)
             c0 = cpu_seconds(pp)
             via, _ = run_wrk(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", script,
@@ -162,9 +172,9 @@ def main() -> int:
                                           "added_latency_c1": added}
         results["proxy_peak_rss_mib"] = peak_rss_mib(proxy.pid)
     finally:
-        for p in (proxy, engine):
+        for p in (proxy, engine, engine2):
             p.terminate()
-        for p in (proxy, engine):
+        for p in (proxy, engine, engine2):
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:

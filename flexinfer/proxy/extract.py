@@ -161,3 +161,19 @@ def multipart_model(body: bytes, content_type_header: bytes) -> str | None:
             return check_model_name(text.strip(), "the multipart form")
         pos = nxt + 2
     raise BadRequest("malformed multipart body: no boundary found", code="invalid_multipart")
+
+
+def clamp_max_tokens(data: dict[str, Any], window: int, reserve: int) -> tuple[int, int] | None:
+    """Lower ``max_tokens`` / ``max_completion_tokens`` above ``window - reserve`` in place.
+
+    Returns (from, to) when something was lowered. The reserve keeps room for the prompt, so a
+    request the backend would reject for its context length gets a usable answer instead.
+    """
+    limit = max(1, window - reserve)
+    out: tuple[int, int] | None = None
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = data.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+            data[key] = limit
+            out = (v, limit)
+    return out

@@ -142,7 +142,7 @@ class Forwarder:
                         await self._error_into_stream(up, resp, view)
                         return
                 else:
-                    extra = []
+                    extra = ctx.extra_headers
                     if self.settings.route_header:
                         extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
                     resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)

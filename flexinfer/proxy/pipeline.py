@@ -48,7 +48,7 @@ def new_request_id() -> bytes:
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
-    __slots__ = ("authenticated", "model_name", "path", "request_id", "source", "sse_open", "t0")
+    __slots__ = ("authenticated", "extra_headers", "model_name", "path", "request_id", "source", "sse_open", "t0")
 
     def __init__(self, t0: float, request_id: bytes, path: str) -> None:
         self.t0 = t0
@@ -58,6 +58,7 @@ class RequestContext:
         self.source = ""
         self.authenticated = False
         self.sse_open = False  # an SSE response was started while waiting for the model
+        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response head
 
 
 class ProxyHandler:
@@ -186,7 +187,17 @@ class ProxyHandler:
             if not view.ready or not view.endpoints:
                 view = await self._activate(view, req, resp, data)
             body = req.body
-            if data is not None and view.rewrite_model and "model" in data:
+            clamped = None
+            if data is not None and view.context_window and self.settings.max_tokens_clamp:
+                clamped = extract.clamp_max_tokens(data, view.context_window, self.settings.max_tokens_reserve)
+            if clamped is not None:
+                assert data is not None
+                if view.rewrite_model and "model" in data:
+                    data["model"] = view.upstream_model
+                body = orjson.dumps(data)
+                ctx.extra_headers.append((b"x-flexinfer-maxtokens-clamped", b"%d->%d" % clamped))
+                self.metrics.max_tokens_clamped.labels(view.name).inc()
+            elif data is not None and view.rewrite_model and "model" in data:
                 body = extract.rewrite_model(body, data, view.upstream_model)
             await self.forwarder.forward(req, resp, ctx, view, data, body)
         except FlexInferError as exc:

@@ -110,3 +110,17 @@ def test_mid_stream_failure_raises_api_error(proxy: Stack) -> None:
             got.append(ch.choices[0].delta.content)
     assert got == ["", "tok0 ", "tok1 "]  # the events before the failure are kept
     assert "mid-stream" in str(ei.value)
+
+
+def test_max_tokens_clamped_to_context_window(stack: Stack) -> None:
+    stack.start_proxy([model("m", stack.stub, context_window=2048, served_name="srv")], fast_settings())
+    c = client(stack)
+    r = c.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                    max_tokens=4000)
+    assert r.headers["x-flexinfer-maxtokens-clamped"] == "4000->1536"
+    sent = json.loads(stack.stub.requests[-1].body)
+    assert sent["max_tokens"] == 1536 and sent["model"] == "srv"
+    r = c.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                    max_tokens=100)
+    assert "x-flexinfer-maxtokens-clamped" not in r.headers
+    assert json.loads(stack.stub.requests[-1].body)["max_tokens"] == 100
