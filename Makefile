@@ -47,6 +47,8 @@ run: ext llama
 
 test: ext llama
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@echo "==> again without the compiled speedups (FLEXINFER_NO_EXTENSIONS=1): the parts that use them"
+	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/proxy tests/test_layers.py
 
 bench: ext wrk
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only

