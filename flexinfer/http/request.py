@@ -1,0 +1,273 @@
+"""The per-request objects of the server side: :class:`Request` (what the handler reads) and
+:class:`ResponseWriter` (how it answers: whole responses, streams, errors, drain, disconnects).
+
+Owns: response heads (status line from the prebuilt table, the cached Date, the caller's headers
+minus the framing ones the core owns, framing, Connection), chunked framing of body pieces, the
+Content-Length bookkeeping of streamed bodies and the on_disconnect callbacks.
+Must not: parse requests or decide what comes next on the connection (protocol.py does; the
+writer reports back through ``_response_done`` / ``_abort_connection``). Re-exported by protocol.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flexinfer.errors import FlexInferError
+from flexinfer.http.flow import ClientGone
+from flexinfer.http.responses import (
+    CHUNKED,
+    CONNECTION_CLOSE,
+    CONNECTION_KEEP_ALIVE,
+    DATE,
+    LAST_CHUNK,
+    status_line,
+)
+
+if TYPE_CHECKING:
+    from flexinfer.http.protocol import HttpProtocol
+
+__all__ = ["Request", "ResponseWriter"]
+
+log = logging.getLogger("flexinfer.http")
+
+KiB = 1024
+# headers the core adds to responses itself; dropped from the handler's list
+_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date"})
+
+
+class Request:
+    """One request as the handler sees it (see docs/http-core-contract.md)."""
+
+    __slots__ = ("_body_len", "_expect", "_limit", "_parts", "body", "content_type", "ctx", "headers",
+                 "keep_alive", "method", "path", "peer", "query", "target", "version")
+
+    def __init__(self, method: str, target: bytes, path: str, query: str, version: str,
+                 headers: list[tuple[bytes, bytes]], keep_alive: bool, peer: str,
+                 content_type: bytes) -> None:
+        self.method = method
+        self.target = target
+        self.path = path
+        self.query = query
+        self.version = version
+        self.headers = headers
+        self.body = b""
+        self.keep_alive = keep_alive
+        self.peer = peer
+        self.content_type = content_type
+        self.ctx: object | None = None
+        self._parts: list[bytes] = []
+        self._body_len = 0
+        self._limit = 0
+        self._expect = False
+
+    def get(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        """First value of header ``name`` (lower-case), else ``default``."""
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    def __repr__(self) -> str:
+        return f"<Request {self.method} {self.target[:200]!r} from {self.peer}>"
+
+
+class ResponseWriter:
+    """Writes one response; responses of a connection leave in request order."""
+
+    __slots__ = ("_callbacks", "_chunked", "_close_delimited", "_flow", "_head_only", "_keep_alive",
+                 "_proto", "_remaining", "_task", "_transport", "_v10", "disconnected", "finished",
+                 "started")
+
+    def __init__(self, proto: HttpProtocol, req: Request) -> None:
+        self._proto = proto
+        self._transport = proto._transport
+        self._flow = proto.flow
+        self._keep_alive = req.keep_alive
+        self._v10 = req.version == "1.0"
+        self._head_only = req.method == "HEAD"
+        self._chunked = False
+        self._close_delimited = False
+        self._remaining: int | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.started = False
+        self.finished = False
+        self.disconnected = False
+
+    # ---- head -------------------------------------------------------------------------------
+    def _build_head(self, status: int, headers: list[tuple[bytes, bytes]] | tuple[()],
+                    framing: bytes) -> bytes:
+        ka = self._keep_alive and not self._proto._server.draining
+        self._keep_alive = ka
+        parts = [status_line(status), DATE[0]]
+        lines = 3
+        for name, value in headers:
+            if name.lower() in _FRAMING:
+                continue
+            parts += (name, b": ", value, b"\r\n")
+            lines += 1
+        if framing:
+            parts.append(framing)
+            lines += 1
+        if not ka:
+            parts.append(CONNECTION_CLOSE)
+            lines += 1
+        elif self._v10:
+            parts.append(CONNECTION_KEEP_ALIVE)
+            lines += 1
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        # one CRLF per line and no NUL: a CR, LF or NUL in a name or value cannot slip through
+        if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\x00" in head:
+            raise ValueError("response header name or value contains CR, LF or NUL")
+        return head
+
+    # ---- whole responses --------------------------------------------------------------------
+    def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """The whole response at once, framed with Content-Length."""
+        if self.finished or self.disconnected:
+            self.started = self.finished = True
+            return
+        if self.started:
+            raise RuntimeError("response already started")
+        if status < 200:
+            raise ValueError("interim (1xx) responses are not supported")
+        no_body = status == 204 or status == 304
+        head = self._build_head(status, headers, b"" if no_body else b"content-length: %d\r\n" % len(body))
+        self.started = self.finished = True
+        tr = self._transport
+        if no_body or self._head_only or not body:
+            tr.write(head)
+        elif len(body) < 16 * KiB:
+            tr.write(head + body)
+        else:
+            tr.writelines((head, body))
+        self._proto._response_done(self)
+
+    def send_error(self, err: FlexInferError,
+                   headers: list[tuple[bytes, bytes]] | tuple[()] = ()) -> None:
+        """An OpenAI-shaped error response (x-should-retry, Retry-After as the error says) plus
+        ``headers``. ``err.headers`` are not added here: callers pass them (or not) in ``headers``."""
+        hdrs: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
+        own = {b"content-type"}
+        if err.should_retry is not None:
+            hdrs.append((b"x-should-retry", b"true" if err.should_retry else b"false"))
+            own.add(b"x-should-retry")
+        if err.retry_after is not None:
+            hdrs.append((b"retry-after", b"%d" % max(1, math.ceil(err.retry_after))))
+            own.add(b"retry-after")
+        # err.headers are the caller's to pass (as in the contract); the ones set above win
+        hdrs.extend(h for h in headers if h[0].lower() not in own)
+        self.send(err.status, hdrs, err.body())
+
+    # ---- streaming --------------------------------------------------------------------------
+    def start(self, status: int, headers: list[tuple[bytes, bytes]],
+              content_length: int | None = None) -> None:
+        """Send the head. ``content_length`` None: chunked (1.1) or close-delimited (1.0)."""
+        if self.finished or self.disconnected:
+            self.started = True
+            return
+        if self.started:
+            raise RuntimeError("response already started")
+        if status < 200:
+            raise ValueError("interim (1xx) responses are not supported")
+        if status == 204 or status == 304:
+            framing = b""
+            self._remaining = 0
+        elif content_length is not None:
+            if content_length < 0:
+                raise ValueError("negative content_length")
+            framing = b"content-length: %d\r\n" % content_length
+            self._remaining = content_length
+        elif self._v10:
+            framing = b""
+            self._keep_alive = False
+            self._close_delimited = True
+        else:
+            framing = CHUNKED
+            self._chunked = True
+        head = self._build_head(status, headers, framing)
+        self.started = True
+        self._transport.write(head)
+
+    def write(self, data: bytes) -> None:
+        """One body piece, framed and handed to the transport at once (no coalescing)."""
+        if not self.started:
+            raise RuntimeError("write() before start()")
+        if self.finished or self.disconnected or not data or self._head_only:
+            return
+        if self._chunked:
+            n = len(data)
+            if n < 16 * KiB:
+                self._transport.write(b"%x\r\n%b\r\n" % (n, data))
+            else:
+                self._transport.writelines((b"%x\r\n" % n, data, b"\r\n"))
+            return
+        rem = self._remaining
+        if rem is not None:
+            if len(data) > rem:
+                raise ValueError("body longer than the declared Content-Length")
+            self._remaining = rem - len(data)
+        self._transport.write(data)
+
+    def end(self) -> None:
+        """Finish the response (terminating chunk); the connection goes on with the next request."""
+        if self.finished:
+            return
+        if not self.started:
+            raise RuntimeError("end() before start()")
+        self.finished = True
+        if self.disconnected:
+            return
+        if self._remaining and not self._head_only:
+            # fewer bytes than declared: the only honest ending is a close
+            self._proto._abort_connection()
+            return
+        if self._chunked and not self._head_only:
+            self._transport.write(LAST_CHUNK)
+        self._proto._response_done(self)
+
+    def abort(self) -> None:
+        """Close the connection without the terminating chunk (mid-stream failure)."""
+        if self.finished and self.started:
+            return
+        self.started = self.finished = True
+        if not self.disconnected:
+            self._proto._abort_connection()
+
+    async def drain(self) -> None:
+        """Wait while the connection's write buffer is over its high-water mark."""
+        if self.disconnected:
+            raise ClientGone()
+        await self._flow.drain()
+
+    def on_disconnect(self, cb: Callable[[], None]) -> None:
+        """``cb()`` once if the client goes away before end() (at once if it already has)."""
+        if self.disconnected:
+            if not self.finished:
+                cb()
+            return
+        if self.finished:
+            return
+        if self._callbacks is None:
+            self._callbacks = [cb]
+        else:
+            self._callbacks.append(cb)
+
+    def _client_lost(self) -> None:
+        if self.disconnected:
+            return
+        self.disconnected = True
+        cbs = self._callbacks
+        self._callbacks = None
+        if self.finished or not cbs:
+            return
+        for cb in cbs:
+            try:
+                cb()
+            except Exception:
+                log.exception("on_disconnect callback failed")

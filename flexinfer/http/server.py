@@ -1,0 +1,269 @@
+"""Listening, the event loop, signals, graceful drain and the server tick.
+
+Owns: :class:`HTTPServer` (one listener, its connections, the 1 Hz tick that refreshes the cached
+Date header and fires connection deadlines), :class:`ServerStats` and :func:`run` (uvloop when
+importable, SIGTERM/SIGINT -> drain -> exit 0, ``workers > 1``: forked processes, each with its own
+SO_REUSEPORT listener).
+Must not: parse HTTP (protocol.py does), know models or routes, or keep a timer per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+
+from flexinfer.http.protocol import Handler, HttpProtocol
+from flexinfer.http.responses import refresh_date
+from flexinfer.settings import HTTPSettings
+
+__all__ = ["HTTPServer", "ServerStats", "run"]
+
+log = logging.getLogger("flexinfer.http")
+
+#: Listen backlog (the kernel caps it at net.core.somaxconn).
+BACKLOG = 4096
+
+
+class ServerStats:
+    """Plain counters, read by the proxy's Prometheus collector at scrape time."""
+
+    __slots__ = ("connections_active", "connections_total", "rejections", "requests_total")
+
+    def __init__(self) -> None:
+        self.connections_active = 0
+        self.connections_total = 0
+        self.requests_total = 0
+        #: reason -> count; the reasons are the keys of ``responses.CORE_ERRORS`` plus
+        #: ``pipeline_overflow`` (too many requests parsed ahead: served, then closed).
+        self.rejections: dict[str, int] = {}
+
+
+class HTTPServer:
+    """One listener and its connections."""
+
+    def __init__(self, handler: Handler, settings: HTTPSettings, *, host: str = "127.0.0.1",
+                 port: int = 0, reuse_port: bool = False, sock: socket.socket | None = None) -> None:
+        self.handler = handler
+        self.settings = settings
+        self.host = host
+        self.port = port
+        self.draining = False
+        self.stats = ServerStats()
+        self._reuse_port = reuse_port
+        self._sock = sock
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connections: set[HttpProtocol] = set()
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._empty: asyncio.Event | None = None
+        shortest = min(settings.header_timeout, settings.body_timeout, settings.keepalive_timeout)
+        #: Deadline resolution: 1 s in production, finer when timeouts are scaled down in tests.
+        self.tick_interval = min(1.0, max(0.01, shortest / 4))
+        attach = getattr(handler, "attach", None)
+        if callable(attach):
+            attach(self)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+
+        def factory() -> HttpProtocol:
+            return HttpProtocol(self)
+
+        if self._sock is not None:
+            self._server = await loop.create_server(factory, sock=self._sock, backlog=BACKLOG)
+        else:
+            self._server = await loop.create_server(
+                factory, self.host, self.port, reuse_port=self._reuse_port or None, backlog=BACKLOG)
+        sockets = getattr(self._server, "sockets", None) or ()
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        refresh_date()
+        self._tick_handle = loop.call_later(self.tick_interval, self._tick)
+
+    # ---- connections ------------------------------------------------------------------------
+    def _register(self, conn: HttpProtocol) -> None:
+        self._connections.add(conn)
+        self.stats.connections_active += 1
+        self.stats.connections_total += 1
+
+    def _unregister(self, conn: HttpProtocol) -> None:
+        if conn in self._connections:
+            self._connections.discard(conn)
+            self.stats.connections_active -= 1
+        if self._empty is not None and not self._connections:
+            self._empty.set()
+
+    def _tick(self) -> None:
+        refresh_date()
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        due = [c for c in self._connections if 0.0 < c.deadline <= now]
+        for conn in due:
+            try:
+                conn.on_deadline()
+            except Exception:
+                log.exception("deadline handling failed")
+        self._tick_handle = loop.call_later(self.tick_interval, self._tick)
+
+    # ---- shutdown ---------------------------------------------------------------------------
+    async def drain_and_close(self, timeout: float) -> None:
+        """Stop accepting, close idle connections, let in-flight responses finish until
+        ``timeout``, then abort what is left. Requests arriving meanwhile get 503 + close."""
+        if self._server is None:
+            return
+        self.draining = True
+        self._server.close()
+        self._empty = asyncio.Event()
+        for conn in list(self._connections):
+            conn.shutdown_idle()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout)
+        # polled: draining happens once per process life, and "busy" changes without events
+        while any(c.busy for c in self._connections) and loop.time() < end:
+            await asyncio.sleep(min(0.02, max(0.0, end - loop.time())))
+        busy = [c for c in self._connections if c.busy]
+        if busy:
+            log.warning("drain timeout: aborting %d busy connection(s)", len(busy))
+        for conn in list(self._connections):
+            if conn.busy:
+                conn.shutdown_now()
+            else:
+                conn.shutdown_idle()  # already answered and lingering: close now
+        if self._connections:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), 1.0)
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        # let the handlers' tasks see their cancellation / disconnect
+        await asyncio.sleep(0)
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+
+# ---- process entry -------------------------------------------------------------------------
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency, asyncio is the fallback
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _serve(make_handler: Callable[[], Handler], settings: HTTPSettings, host: str, port: int,
+           reuse_port: bool, on_start: Callable[[HTTPServer], Awaitable[None]] | None,
+           on_stop: Callable[[HTTPServer], Awaitable[None]] | None) -> int:
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server = HTTPServer(make_handler(), settings, host=host, port=port, reuse_port=reuse_port)
+        await server.start()
+        code = 0
+        try:
+            if on_start is not None:
+                await on_start(server)
+            await stop.wait()
+        except Exception:
+            log.exception("server failed")
+            code = 1
+        finally:
+            await server.drain_and_close(settings.drain_timeout)
+            if on_stop is not None:
+                try:
+                    await on_stop(server)
+                except Exception:
+                    log.exception("on_stop failed")
+                    code = 1
+        return code
+
+    try:
+        with asyncio.Runner(loop_factory=_new_loop) as runner:
+            return runner.run(main())
+    except Exception:
+        log.exception("server failed to start")
+        return 1
+
+
+def _reserve_port(host: str) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket on an ephemeral port the workers then share."""
+    family, type_, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    s = socket.socket(family, type_, proto)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(addr)
+    return s
+
+
+def run(make_handler: Callable[[], Handler], settings: HTTPSettings, *, host: str, port: int,
+        workers: int = 1, on_start: Callable[[HTTPServer], Awaitable[None]] | None = None,
+        on_stop: Callable[[HTTPServer], Awaitable[None]] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT, then drain (``settings.drain_timeout``). Returns the exit code.
+
+    ``workers > 1`` forks that many processes; each builds its own handler and listens on the same
+    port with SO_REUSEPORT (the kernel spreads connections). The parent forwards SIGTERM/SIGINT and
+    returns 0 when every worker exited 0. With ``port=0`` the parent picks one port for all.
+    """
+    if workers <= 1:
+        return _serve(make_handler, settings, host, port, False, on_start, on_stop)
+
+    reserved = _reserve_port(host) if port == 0 else None
+    if reserved is not None:
+        port = reserved.getsockname()[1]
+    children: list[int] = []
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for _ in range(workers):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                code = 1
+                try:
+                    for sig in (signal.SIGTERM, signal.SIGINT):
+                        signal.signal(sig, signal.SIG_DFL)
+                    if reserved is not None:
+                        reserved.close()
+                    code = _serve(make_handler, settings, host, port, True, on_start, on_stop)
+                finally:
+                    os._exit(code)
+            children.append(pid)
+            if received:  # a signal arrived while forking: pass it on to the late child too
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, received[-1])
+        if reserved is not None:
+            reserved.close()
+        status = 0
+        remaining = set(children)
+        while remaining:
+            try:
+                pid, wstatus = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid in remaining:
+                remaining.discard(pid)
+                if os.waitstatus_to_exitcode(wstatus) != 0:
+                    status = 1
+        return status
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
