@@ -19,13 +19,13 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - any build failure means "no speedups"
+        except Exception as exc:
             print(f"flexinfer: building extensions failed ({exc}); using pure Python", file=sys.stderr)
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"flexinfer: skipping {ext.name} ({exc})", file=sys.stderr)
 
 

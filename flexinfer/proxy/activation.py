@@ -33,7 +33,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 
 
 class _ModelQueue:
-    __slots__ = ("cycle", "load_times", "wake_started", "waiters")
+    __slots__ = ("cycle", "load_times", "waiters", "wake_started")
 
     def __init__(self) -> None:
         self.waiters: collections.deque[asyncio.Future[ModelView]] = collections.deque()

@@ -1,6 +1,8 @@
-"""``flexinfer proxy``: run the OpenAI-compatible proxy in front of a static inventory file.
+"""``flexinfer proxy``: run the OpenAI-compatible proxy in front of a static inventory file, or, with
+``--kube``, in front of the models of a Kubernetes namespace (``POD_NAMESPACE``; ``--all-namespaces``).
 
-(The local runtime is ``flexinfer serve``; the Kubernetes inventory is ``--kube``.)
+(The local runtime is ``flexinfer serve``.) This module only wires parts together; it is the one
+place of ``flexinfer.proxy`` allowed to know ``flexinfer.runtime.kube``, and imports it lazily.
 """
 
 from __future__ import annotations
@@ -8,31 +10,63 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
-from flexinfer.settings import SettingsError, load_proxy_settings
+from flexinfer.settings import ProxySettings, SettingsError, load_proxy_settings
 
 log = logging.getLogger("flexinfer.proxy")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="static inventory YAML (models -> backend URLs)")
+    p.add_argument("--kube", action="store_true",
+                   help="serve the Models/ModelDeployments of the cluster (namespace from POD_NAMESPACE)")
+    p.add_argument("--all-namespaces", action="store_true",
+                   help="with --kube: watch every namespace (models elsewhere are named <namespace>/<name>)")
     p.add_argument("--host", default=None, help="listen address (env PROXY_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
     p.add_argument("--workers", type=int, default=None, help="worker processes sharing the port")
 
 
+def build_kube(settings: ProxySettings, *, all_namespaces: bool = False, api_client: Any = None,
+               timings: Any = None) -> tuple[Any, Any]:
+    """(KubeRuntime, ProxyHandler) wired together (router in-flight counts for the demand heartbeat,
+    activator queue depths for GPUGroup queues). Call ``await runtime.start()`` in the serving loop."""
+    from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.kube import KubeRuntime, KubeTimings
+
+    runtime = KubeRuntime(settings.namespace, all_namespaces=all_namespaces, api_client=api_client,
+                          timings=timings or KubeTimings())
+    handler = ProxyHandler(runtime, settings, scaler=runtime)
+    router, activator = handler.router, handler.activator
+    runtime.in_flight = lambda key: router.in_flight.get(key, 0)
+
+    def depth(model: str) -> int | None:
+        q = activator.queues.get(model) if activator is not None else None
+        return len(q.waiters) if q is not None else 0
+
+    runtime.queue_depth = depth
+    return runtime, handler
+
+
 def run(args: argparse.Namespace) -> int:
     from flexinfer.http.server import run as serve_http
-    from flexinfer.proxy.pipeline import ProxyHandler
-    from flexinfer.runtime.static import InventoryConfigError, StaticInventory
 
     try:
         settings = load_proxy_settings(host=args.host, port=args.port, workers=args.workers)
     except SettingsError as exc:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
+    from flexinfer import _speedups
+
+    log.info("speedups: %s", _speedups.IMPLEMENTATION)
+    if getattr(args, "kube", False):
+        return _run_kube(settings, args, serve_http)
+    from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.static import InventoryConfigError, StaticInventory
+
     if not args.config:
-        print("flexinfer proxy: -c/--config <inventory.yaml> is required", file=sys.stderr)
+        print("flexinfer proxy: -c/--config <inventory.yaml> or --kube is required", file=sys.stderr)
         return 2
     try:
         inventory = StaticInventory.from_file(args.config)
@@ -40,9 +74,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
     names = ", ".join(v.name for v in inventory.models())
-    from flexinfer import _speedups
-
-    log.info("speedups: %s", _speedups.IMPLEMENTATION)
     log.info("flexinfer proxy on http://%s:%d serving %s", settings.host, settings.port, names)
     return serve_http(lambda: ProxyHandler(inventory, settings), settings.http, host=settings.host,
                       port=settings.port, workers=settings.workers)
+
+
+def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("kubernetes_asyncio") is None:
+        print("flexinfer proxy: --kube needs the kube extra (pip install 'flexinfer[kube]')", file=sys.stderr)
+        return 2
+    if args.config:
+        print("flexinfer proxy: use either -c/--config or --kube, not both", file=sys.stderr)
+        return 2
+    if settings.workers > 1:
+        log.warning("--kube with %d workers: each worker watches the API and signals demand on its own",
+                    settings.workers)
+    runtimes: list[Any] = []
+
+    def make_handler() -> Any:  # one runtime per worker process, started in its loop
+        runtime, handler = build_kube(settings, all_namespaces=args.all_namespaces)
+        runtimes.append(runtime)
+        return handler
+
+    async def on_start(_server: Any) -> None:
+        await runtimes[-1].start()
+
+    async def on_stop(_server: Any) -> None:
+        await runtimes[-1].stop()
+
+    scope = "all namespaces" if args.all_namespaces else f"namespace {settings.namespace}"
+    log.info("flexinfer proxy on http://%s:%d serving the models of %s", settings.host, settings.port, scope)
+    return int(serve_http(make_handler, settings.http, host=settings.host, port=settings.port,
+                          workers=settings.workers, on_start=on_start, on_stop=on_stop))

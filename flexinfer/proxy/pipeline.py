@@ -23,8 +23,8 @@ from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.proxy import extract
-from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.activation import Activator
+from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.forward import Forwarder, sse_error
 from flexinfer.proxy.limits import Limiter
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -43,6 +43,10 @@ _CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
 
 def new_request_id() -> bytes:
     return os.urandom(16).hex().encode()
+
+
+def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
 
 
 class RequestContext:
@@ -156,7 +160,7 @@ class ProxyHandler:
         model_label = ""
         task = asyncio.current_task()
         if task is not None:
-            resp.on_disconnect(task.cancel)  # stop waiting/forwarding the moment the client leaves
+            resp.on_disconnect(lambda: _cancel(task))  # stop waiting/forwarding the moment the client leaves
         try:
             if self.draining:
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
@@ -244,7 +248,7 @@ class ProxyHandler:
             resp.send(200, [(b"content-type", METRICS_CONTENT_TYPE)], self.metrics.render())
         elif path == "/v1/models":
             data = [self._model_object(v) for v in self.inventory.models()]
-            resp.send(200, JSON + [(b"x-request-id", ctx.request_id)],
+            resp.send(200, [*JSON, (b"x-request-id", ctx.request_id)],
                       orjson.dumps({"object": "list", "data": data}))
         else:  # /v1/models/<id>
             name = path[len("/v1/models/"):]
@@ -253,7 +257,7 @@ class ProxyHandler:
                 resp.send_error(errors.ModelNotFound(f"model {name!r} does not exist", param="model"),
                                 [(b"x-request-id", ctx.request_id)])
                 return
-            resp.send(200, JSON + [(b"x-request-id", ctx.request_id)], orjson.dumps(self._model_object(view)))
+            resp.send(200, [*JSON, (b"x-request-id", ctx.request_id)], orjson.dumps(self._model_object(view)))
 
     @staticmethod
     def _model_object(v: ModelView) -> dict[str, Any]:

@@ -223,9 +223,9 @@ class Router:
         if strategy in ("session-affinity", "prefix"):
             key, source = (session_key if strategy == "session-affinity" else prefix_key)(data, req)
             if key is not None:
-                ep = self._ring_pick(st, key, exclude)
-                if ep is not None:
-                    return ep, strategy, source
+                picked = self._ring_pick(st, key, exclude)
+                if picked is not None:
+                    return picked, strategy, source
             return self._least_loaded(eps), strategy, "fallback-least-loaded"
         if strategy == "prefix-cache":
             hashes = self._hashes(data)

@@ -42,15 +42,15 @@ class LocalAdmin:
                 r["queue_depth"] = self.queue_depth(str(r["model"]))
             resp.send(200, JSON, orjson.dumps({"running": rows}))
         elif path == "/unload" and method == "POST":
-            stopped = [n for n in list(self.runtime.models) if await self.runtime.stop(n)]
+            stopped = [n for n in list(self.runtime.procs) if await self.runtime.stop(n)]
             resp.send(200, JSON, orjson.dumps({"unloaded": stopped}))
         elif path.startswith("/unload/") and method == "POST":
             name = path[len("/unload/"):]
-            if name not in self.runtime.models:
+            if name not in self.runtime.procs:
                 resp.send_error(errors.ModelNotFound(f"model {name!r} does not exist", param="model"))
                 return
-            stopped = await self.runtime.stop(name)
-            resp.send(200, JSON, orjson.dumps({"unloaded": [name] if stopped else []}))
+            was_running = await self.runtime.stop(name)
+            resp.send(200, JSON, orjson.dumps({"unloaded": [name] if was_running else []}))
         elif path.startswith("/logs/") and method == "GET":
             await self._logs(req, resp, path[len("/logs/"):])
         elif path == "/" and method == "GET":
@@ -59,7 +59,7 @@ class LocalAdmin:
             resp.send_error(errors.MethodNotAllowed(f"{method} is not allowed on {path}"))
 
     async def _logs(self, req: Request, resp: ResponseWriter, name: str) -> None:
-        if name not in self.runtime.models:
+        if name not in self.runtime.procs:
             resp.send_error(errors.ModelNotFound(f"model {name!r} does not exist", param="model"))
             return
         follow = parse_qs(req.query).get("follow", ["0"])[0] in ("1", "true")

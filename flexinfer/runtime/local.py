@@ -90,7 +90,7 @@ class LocalRuntime(StaticInventoryBase):
     def __init__(self, specs: list[LocalModelSpec], *, windows: Windows = Windows(),
                  drain_timeout: float = 30.0, restart_backoff: tuple[float, float] = (1.0, 30.0),
                  reap_interval: float = 1.0, clock: Callable[[], float] = time.time) -> None:
-        self.models: dict[str, _State] = {s.name: _State(s) for s in specs}
+        self.procs: dict[str, _State] = {s.name: _State(s) for s in specs}
         self.windows = windows
         self.drain_timeout = drain_timeout
         self.restart_backoff = restart_backoff
@@ -99,7 +99,7 @@ class LocalRuntime(StaticInventoryBase):
         self.in_flight: Callable[[str], int] = lambda key: 0  # wired to the proxy's router
         self._group_locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
-        super().__init__([self._view(st) for st in self.models.values()])
+        super().__init__([self._view(st) for st in self.procs.values()])
 
     # -- views -------------------------------------------------------------------------------------
     def _view(self, st: _State) -> ModelView:
@@ -117,13 +117,13 @@ class LocalRuntime(StaticInventoryBase):
 
     # -- Scaler ------------------------------------------------------------------------------------
     def record_demand(self, model: ModelView) -> None:
-        st = self.models.get(model.name)
+        st = self.procs.get(model.name)
         if st is not None:
             st.last_request = self.clock()
 
     async def wake(self, model: ModelView) -> None:
         """Start the model (swapping its group if the leader rule allows) and wait until healthy."""
-        st = self.models.get(model.name)
+        st = self.procs.get(model.name)
         if st is None:
             raise StartError(f"unknown model {model.name!r}")
         if st.last_request is None:
@@ -135,7 +135,7 @@ class LocalRuntime(StaticInventoryBase):
 
     # -- groups ------------------------------------------------------------------------------------
     def _members(self, group: str) -> list[_State]:
-        return [s for s in self.models.values() if s.spec.group == group]
+        return [s for s in self.procs.values() if s.spec.group == group]
 
     def group_leader(self, group: str) -> str | None:
         now = self.clock()
@@ -281,7 +281,7 @@ class LocalRuntime(StaticInventoryBase):
 
     async def stop(self, name: str) -> bool:
         """Stop one model (SIGTERM, then SIGKILL). True if something was running."""
-        st = self.models[name]
+        st = self.procs[name]
         if st.proc is None or st.proc.returncode is not None:
             if st.state != "stopped":
                 st.state = "stopped"
@@ -299,7 +299,7 @@ class LocalRuntime(StaticInventoryBase):
     async def stop_all(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
-        await asyncio.gather(*(self.stop(n) for n in self.models), return_exceptions=True)
+        await asyncio.gather(*(self.stop(n) for n in self.procs), return_exceptions=True)
 
     # -- idle TTL ----------------------------------------------------------------------------------
     def _ensure_reaper(self) -> None:
@@ -310,7 +310,7 @@ class LocalRuntime(StaticInventoryBase):
         while True:
             await asyncio.sleep(self.reap_interval)
             now = self.clock()
-            for st in self.models.values():
+            for st in self.procs.values():
                 ttl = st.spec.idle_ttl
                 if st.state != "ready" or ttl <= 0:
                     continue
@@ -321,9 +321,9 @@ class LocalRuntime(StaticInventoryBase):
 
     # -- admin views -------------------------------------------------------------------------------
     def running(self) -> list[dict[str, object]]:
-        out = []
+        out: list[dict[str, object]] = []
         now_m = time.monotonic()
-        for st in self.models.values():
+        for st in self.procs.values():
             alive = st.proc is not None and st.proc.returncode is None
             out.append({
                 "model": st.spec.name, "state": st.state, "port": st.port if alive else None,
@@ -336,12 +336,12 @@ class LocalRuntime(StaticInventoryBase):
         return out
 
     def logs(self, name: str) -> list[str]:
-        return list(self.models[name].logs)
+        return list(self.procs[name].logs)
 
     def follow(self, name: str) -> asyncio.Queue[str | None]:
         q: asyncio.Queue[str | None] = asyncio.Queue()
-        self.models[name].followers.add(q)
+        self.procs[name].followers.add(q)
         return q
 
     def unfollow(self, name: str, q: asyncio.Queue[str | None]) -> None:
-        self.models[name].followers.discard(q)
+        self.procs[name].followers.discard(q)

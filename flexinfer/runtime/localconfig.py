@@ -79,7 +79,7 @@ def resolve_model_path(ref: str) -> str:
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
         raise InventoryConfigError(f"package {pkg!r} is not installed (needed for {ref})")
-    return os.path.join(list(spec.submodule_search_locations)[0], rel)
+    return os.path.join(next(iter(spec.submodule_search_locations)), rel)
 
 
 def llamacpp_command(name: str, served: str, args: list[str]) -> tuple[str, ...]:

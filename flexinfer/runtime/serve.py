@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, InventoryConfigError) as exc:
         print(f"flexinfer serve: {exc}", file=sys.stderr)
         return 2
-    names = ", ".join(runtime.models)  # type: ignore[attr-defined]
+    names = ", ".join(runtime.procs)  # type: ignore[attr-defined]
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)

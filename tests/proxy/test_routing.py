@@ -48,7 +48,7 @@ def test_message_hash_session_key(stack: Stack) -> None:
     eps = set()
     for _ in range(5):
         r = c.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "conv-1"}])
-        strategy, source, ep = r.headers["x-flexinfer-route"].split(";")
+        _strategy, source, ep = r.headers["x-flexinfer-route"].split(";")
         assert source == "messages"
         eps.add(ep)
     assert len(eps) == 1

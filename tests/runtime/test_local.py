@@ -58,6 +58,8 @@ def test_cold_start_holds_then_serves(local: LocalStack) -> None:
             health_path: /health
     """)
     assert running(local)["m"]["state"] == "stopped"
+    listed = {m.id: m for m in client(local).models.list()}
+    assert list(listed) == ["m"] and listed["m"].model_extra["ready"] is False  # type: ignore[index]
     t0 = time.monotonic()
     out = client(local).chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
     assert out.choices[0].message.content == "hello from stub"
