@@ -112,6 +112,8 @@ NVIDIA_COMPUTE_MAJOR: Final = "nvidia.com/gpu.compute.major"
 AMD_GPU_ARCH: Final = "gpu.amd.com/gpu-architecture"
 AMD_GPU_MODEL: Final = "gpu.amd.com/model"
 
+ENDPOINTSLICE_SERVICE_NAME: Final = "kubernetes.io/service-name"  # EndpointSlice label: its Service
+
 RESOURCE_NVIDIA_GPU: Final = "nvidia.com/gpu"
 RESOURCE_AMD_GPU: Final = "amd.com/gpu"
 RESOURCE_INTEL_GPU: Final = "gpu.intel.com/i915"

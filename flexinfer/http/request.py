@@ -79,8 +79,8 @@ class ResponseWriter:
     """Writes one response; responses of a connection leave in request order."""
 
     __slots__ = ("_callbacks", "_chunked", "_close_delimited", "_flow", "_head_only", "_keep_alive",
-                 "_proto", "_remaining", "_task", "_transport", "_v10", "disconnected", "finished",
-                 "started")
+                 "_pending_head", "_proto", "_remaining", "_task", "_transport", "_v10", "disconnected",
+                 "finished", "started")
 
     def __init__(self, proto: HttpProtocol, req: Request) -> None:
         self._proto = proto
@@ -92,6 +92,9 @@ class ResponseWriter:
         self._chunked = False
         self._close_delimited = False
         self._remaining: int | None = None
+        # the head of a Content-Length response waits for the first body piece so both leave in one
+        # send (one syscall less per response); chunked/SSE heads are written at once
+        self._pending_head: bytes | None = None
         self._callbacks: list[Callable[[], None]] | None = None
         self._task: asyncio.Task[None] | None = None
         self.started = False
@@ -192,7 +195,10 @@ class ResponseWriter:
             self._chunked = True
         head = self._build_head(status, headers, framing)
         self.started = True
-        self._transport.write(head)
+        if self._remaining and not self._head_only:
+            self._pending_head = head
+        else:
+            self._transport.write(head)
 
     def write(self, data: bytes) -> None:
         """One body piece, framed and handed to the transport at once (no coalescing)."""
@@ -212,6 +218,14 @@ class ResponseWriter:
             if len(data) > rem:
                 raise ValueError("body longer than the declared Content-Length")
             self._remaining = rem - len(data)
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            if len(data) < 16 * KiB:
+                self._transport.write(head + data)
+            else:
+                self._transport.writelines((head, data))
+            return
         self._transport.write(data)
 
     def end(self) -> None:
@@ -223,6 +237,9 @@ class ResponseWriter:
         self.finished = True
         if self.disconnected:
             return
+        if self._pending_head is not None:
+            self._transport.write(self._pending_head)
+            self._pending_head = None
         if self._remaining and not self._head_only:
             # fewer bytes than declared: the only honest ending is a close
             self._proto._abort_connection()

@@ -10,6 +10,7 @@ model, and hands the request to :mod:`flexinfer.proxy.forward`. It knows the run
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
@@ -41,8 +42,24 @@ _HEALTH_BODY = b'{"status":"ok"}'
 _CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
 
 
+_rid_prefix = b""
+_rid_counter = itertools.count()
+
+
+def _reseed_request_ids() -> None:
+    """A fresh random prefix per process (forked workers included) and a counter after it."""
+    global _rid_prefix, _rid_counter
+    _rid_prefix = os.urandom(8).hex().encode()
+    _rid_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
+
+
+_reseed_request_ids()
+os.register_at_fork(after_in_child=_reseed_request_ids)
+
+
 def new_request_id() -> bytes:
-    return os.urandom(16).hex().encode()
+    """32 hex characters, unique without a syscall per request (request ids need not be secret)."""
+    return b"%s%016x" % (_rid_prefix, next(_rid_counter))
 
 
 def _cancel(task: asyncio.Task[Any]) -> None:
@@ -188,6 +205,7 @@ class ProxyHandler:
                 self.scaler.record_demand(view)
             if self.limiter is not None:
                 self.limiter.check(view.name)
+            rewrite = view.rewrite_model  # of the name the client used (False for a LoRA adapter)
             if not view.ready or not view.endpoints:
                 view = await self._activate(view, req, resp, data)
             body = req.body
@@ -196,12 +214,12 @@ class ProxyHandler:
                 clamped = extract.clamp_max_tokens(data, view.context_window, self.settings.max_tokens_reserve)
             if clamped is not None:
                 assert data is not None
-                if view.rewrite_model and "model" in data:
+                if rewrite and "model" in data:
                     data["model"] = view.upstream_model
                 body = orjson.dumps(data)
                 ctx.extra_headers.append((b"x-flexinfer-maxtokens-clamped", b"%d->%d" % clamped))
                 self.metrics.max_tokens_clamped.labels(view.name).inc()
-            elif data is not None and view.rewrite_model and "model" in data:
+            elif data is not None and rewrite and "model" in data:
                 body = extract.rewrite_model(body, data, view.upstream_model)
             await self.forwarder.forward(req, resp, ctx, view, data, body)
         except FlexInferError as exc:

@@ -22,10 +22,10 @@ class Endpoint:
 
     host: str
     port: int
+    key: str = field(init=False, compare=False, repr=False)  # "host:port", computed once
 
-    @property
-    def key(self) -> str:
-        return f"{self.host}:{self.port}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.host}:{self.port}")
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
