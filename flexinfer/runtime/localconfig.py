@@ -35,10 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from flexinfer.runtime.base import ROUTING_STRATEGIES
-from flexinfer.runtime.static import InventoryConfigError
+from flexinfer.runtime.static import InventoryConfigError, check_unique_names, read_models_file
 
 _MACRO_RE = re.compile(r"\$\{([A-Z]+)\}")
 _KNOWN_MACROS = {"PORT", "MODEL", "NAME", "THREADS", "PYTHON"}
@@ -157,21 +155,8 @@ def parse_local_model(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> 
 
 
 def load_local_config(path: str) -> list[LocalModelSpec]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise InventoryConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InventoryConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), list) or not doc["models"]:
-        raise InventoryConfigError(f"{path}: expected a mapping with a non-empty 'models' list")
+    doc = read_models_file(path)
     defaults = doc.get("defaults", {}) or {}
     specs = [parse_local_model(e, defaults) for e in doc["models"]]
-    seen: dict[str, str] = {}
-    for s in specs:
-        for n in (s.name, *s.aliases):
-            if n in seen:
-                raise InventoryConfigError(f"name {n!r} is used by both {seen[n]!r} and {s.name!r}")
-            seen[n] = s.name
+    check_unique_names([(s.name, s.aliases) for s in specs])
     return specs

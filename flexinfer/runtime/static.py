@@ -71,7 +71,8 @@ def parse_model(entry: Mapping[str, Any]) -> ModelView:
     )
 
 
-def load_static(path: str) -> list[ModelView]:
+def read_models_file(path: str) -> Mapping[str, Any]:
+    """The YAML document of an inventory file (static or local), with a non-empty ``models`` list."""
     try:
         with open(path, encoding="utf-8") as fh:
             doc = yaml.safe_load(fh) or {}
@@ -79,15 +80,24 @@ def load_static(path: str) -> list[ModelView]:
         raise InventoryConfigError(f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise InventoryConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), list):
-        raise InventoryConfigError(f"{path}: expected a mapping with a 'models' list")
-    views = [parse_model(e) for e in doc["models"]]
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), list) or not doc["models"]:
+        raise InventoryConfigError(f"{path}: expected a mapping with a non-empty 'models' list")
+    return doc
+
+
+def check_unique_names(entries: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Every name and alias must belong to one model only."""
     seen: dict[str, str] = {}
-    for v in views:
-        for n in (v.name, *v.aliases):
+    for name, aliases in entries:
+        for n in (name, *aliases):
             if n in seen:
-                raise InventoryConfigError(f"name {n!r} is used by both {seen[n]!r} and {v.name!r}")
-            seen[n] = v.name
+                raise InventoryConfigError(f"name {n!r} is used by both {seen[n]!r} and {name!r}")
+            seen[n] = name
+
+
+def load_static(path: str) -> list[ModelView]:
+    views = [parse_model(e) for e in read_models_file(path)["models"]]
+    check_unique_names([(v.name, v.aliases) for v in views])
     return views
 
 

@@ -6,10 +6,8 @@ sockets. ``stack.run(coro)`` runs a coroutine in the servers' loop (to inspect o
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -18,30 +16,17 @@ from flexinfer.proxy.pipeline import ProxyHandler
 from flexinfer.runtime.base import Endpoint, ModelView
 from flexinfer.runtime.static import StaticInventory
 from flexinfer.settings import ProxySettings, with_changes
+from tests.harness import LoopThread
 from tests.stub_engine import StubEngine
 
-T = TypeVar("T")
 
-
-class Stack:
+class Stack(LoopThread):
     """Stub engines + one proxy, served from a private event loop thread."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
+        super().__init__()
         self.stubs: list[StubEngine] = []
-        self.server: HTTPServer | None = None
-        self.handler: ProxyHandler | None = None
         self.inventory: StaticInventory | None = None
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        async def wrap() -> T:
-            return fn()
-        return self.run(wrap())
 
     def add_stub(self) -> StubEngine:
         stub = self.run(StubEngine().start())
@@ -65,38 +50,9 @@ class Stack:
         self.run(start())
         return self.url
 
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self.server is not None:
-                await self.server.drain_and_close(0.5)
-            if self.handler is not None:
-                await self.handler.pools.close_all()
-            for s in self.stubs:
-                await s.stop()
-            me = asyncio.current_task()
-            rest = [t for t in asyncio.all_tasks() if t is not me]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-        try:
-            self.run(stop(), timeout=10)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
-            self.loop.close()
+    async def stop_extra(self) -> None:
+        for s in self.stubs:
+            await s.stop()
 
 
 def model(name: str, *stubs: StubEngine | int, **kw: Any) -> ModelView:

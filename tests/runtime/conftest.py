@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import textwrap
-import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from flexinfer.http.server import HTTPServer
 from flexinfer.operator.sharing import Windows
-from flexinfer.proxy.pipeline import ProxyHandler
 from flexinfer.runtime.local import LocalRuntime
 from flexinfer.runtime.serve import build
 from flexinfer.settings import ProxySettings, with_changes
+from tests.harness import LoopThread
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,30 +27,19 @@ def stub_cmd(*extra: str) -> str:
     return "[" + ", ".join(repr(p) for p in parts) + "]"
 
 
-class LocalStack:
+class LocalStack(LoopThread):
+    """``flexinfer serve`` (proxy + local runtime) in a private event loop thread."""
+
     def __init__(self, tmp: Path) -> None:
+        super().__init__()
         self.tmp = tmp
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server: HTTPServer | None = None
-        self.handler: ProxyHandler | None = None
         self.runtime: LocalRuntime | None = None
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        async def wrap() -> T:
-            return fn()
-        return self.run(wrap())
 
     def start(self, yaml_text: str, settings: ProxySettings | None = None, windows: Windows | None = None,
               reap_interval: float = 0.1) -> str:
         cfg = self.tmp / "local.yaml"
         cfg.write_text(textwrap.dedent(yaml_text))
         settings = settings or fast_local_settings()
-        os.environ.setdefault("PYTHONPATH", str(ROOT))
 
         async def start() -> None:
             runtime, handler = build(str(cfg), settings)
@@ -67,33 +53,9 @@ class LocalStack:
         self.run(start())
         return self.url
 
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self.server is not None:
-                await self.server.drain_and_close(0.5)
-            if self.runtime is not None:
-                await self.runtime.stop_all()
-            if self.handler is not None:
-                await self.handler.pools.close_all()
-        try:
-            self.run(stop(), timeout=30)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
-            self.loop.close()
+    async def stop_extra(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.stop_all()
 
 
 def fast_local_settings(**changes: Any) -> ProxySettings:
@@ -106,8 +68,9 @@ def fast_local_settings(**changes: Any) -> ProxySettings:
 
 
 @pytest.fixture
-def local(tmp_path: Path) -> Iterator[LocalStack]:
-    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+def local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalStack]:
+    # model processes run ``python -m tests.stub_engine``: they need the repository on their path
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     st = LocalStack(tmp_path)
     try:
         yield st
