@@ -511,7 +511,7 @@ def test_benchkeys() -> None:
 # ---- ConfigMaps against the Kubernetes emulator ---------------------------------------------------------
 
 try:
-    from tests.kube_emulator import KubeEnv, kube  # noqa: F401  (the fixture)
+    from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401  (the fixture)
 
     HAVE_KUBE = True
 except ImportError:  # pragma: no cover - the emulator needs the kube and test extras
