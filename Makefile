@@ -53,6 +53,7 @@ test: ext llama
 bench: ext wrk
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only
 	$(PY) bench/load_proxy.py
+	$(PY) bench/bench_activation.py
 	$(PY) bench/bench_extender.py
 	$(PY) bench/bench_flashloader.py
 
