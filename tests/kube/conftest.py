@@ -203,7 +203,7 @@ async def load_crds(env: KubeEnv) -> None:
 
 
 @pytest_asyncio.fixture
-async def ks(kube: KubeEnv) -> AsyncIterator[KubeStack]:  # noqa: F811
+async def ks(kube: KubeEnv) -> AsyncIterator[KubeStack]:
     """A KubeStack on a fresh emulator with the CRDs registered (call ``await ks.start()``)."""
     await load_crds(kube)
     async with kube.api_client() as api:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from flexinfer._speedups import HashRing
 from tests.kube.conftest import (
     ADAPTERS,
