@@ -157,6 +157,8 @@ class VLLM(Backend):
         if ctx.vendor == "amd" and ctx.arch.startswith("gfx110"):
             # RDNA3: the Triton flash-attention and AITER kernels target Instinct parts.
             out.update({"VLLM_USE_TRITON_FLASH_ATTN": "0", "VLLM_ROCM_USE_AITER": "0"})
+        if ctx.lora_adapters > 0 and self.supports_lora:
+            out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter is off without it
         for key, var in self._ENV_KNOBS:
             v = read_config(ctx.config, key, S)
             if v is not None:

@@ -1,0 +1,93 @@
+"""``flexinfer operator``: flags, settings from the environment, and the kopf settings it applies."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import kopf
+import pytest
+
+from flexinfer.cli import build_parser
+from flexinfer.operator import main
+from flexinfer.operator.app import configure_kopf
+from flexinfer.operator.config import load_settings
+from flexinfer.operator.context import Operator
+from flexinfer.settings import SettingsError
+
+
+def test_flags() -> None:
+    args = build_parser(["operator"]).parse_args(["operator", "-n", "team-a", "--resync", "10", "--peering", "p"])
+    assert args.namespace == ["team-a"] and args.resync == 10 and args.peering == "p"
+    assert args.liveness == "http://0.0.0.0:8081/healthz"
+
+
+def test_settings_from_env() -> None:
+    s = load_settings({"FLEXINFER_OPERATOR_RESYNC": "1m", "DEFAULT_SHM_SIZE_LIMIT": "16Gi",
+                       "DEFAULT_FLASH_LOADER_ENABLED": "true", "DEFAULT_VLLM_IMAGE": "my/vllm:1",
+                       "FLEXINFER_SHARED_DEMAND_WINDOW": "30s"}, workers=2)
+    assert (s.resync_s, s.shm_size, s.flash_enabled, s.workers) == (60.0, "16Gi", True, 2)
+    assert s.images == {"DEFAULT_VLLM_IMAGE": "my/vllm:1"} and s.windows.demand == 30.0
+    with pytest.raises(SettingsError):
+        load_settings({"FLEXINFER_OPERATOR_WORKERS": "0"})
+
+
+def test_run_rejects_bad_settings(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FLEXINFER_OPERATOR_RESYNC", "soon")
+    p = argparse.ArgumentParser()
+    main.configure(p)
+    assert main.run(p.parse_args([])) == 1
+    assert "FLEXINFER_OPERATOR_RESYNC" in capsys.readouterr().out
+
+
+def test_kopf_settings() -> None:
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, Operator())
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert settings.persistence.progress_storage.prefix == "flexinfer.ai"
+    assert settings.persistence.finalizer != "flexinfer.ai/model-cleanup"  # ours, managed by the reconcilers
+    assert settings.posting.enabled is False
+
+
+async def test_cli_runs_against_the_emulator(kube: Any) -> None:
+    """``flexinfer operator`` as a process: it reconciles a Model and serves its liveness probe."""
+    import asyncio
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.operator.harness import DEPLOYMENTS, MODELS, model, register_crds
+
+    register_crds(kube)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "operator",
+                             "--kubeconfig", str(kube.kubeconfig_path), "--liveness",
+                             f"http://127.0.0.1:{port}/healthz"], env={**os.environ, "FLEXINFER_OPERATOR_RESYNC": "1"})
+    try:
+        async with kube.api_client() as api:
+            await api.call_api("/apis/ai.flexinfer/v1alpha2/namespaces/default/models", "POST", body=model("cli"),
+                               header_params={"Content-Type": "application/json"}, response_types_map={201: "object"},
+                               auth_settings=["BearerToken"], _return_http_data_only=True)
+        for _ in range(150):
+            if kube.get(DEPLOYMENTS, "default", "cli") and (kube.get(MODELS, "default", "cli") or {}).get("status"):
+                break
+            await asyncio.sleep(0.1)
+        assert kube.get(DEPLOYMENTS, "default", "cli") is not None
+        assert kube.get(MODELS, "default", "cli")["status"]["phase"] == "Idle"
+        url = f"http://127.0.0.1:{port}/healthz"
+        code = 0
+        for _ in range(20):
+            try:
+                code = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).status)
+                break
+            except OSError:
+                await asyncio.sleep(0.2)
+        assert code == 200
+    finally:
+        proc.terminate()
+        assert await asyncio.to_thread(proc.wait, 20) == 0
