@@ -138,14 +138,12 @@ async def publish(result: BenchResult, cfg: BenchConfig, api: ConfigMapAPI | Non
     namespace = cfg.namespace or _service_account_namespace() or "default"
     if api is None:
         try:
-            from kubernetes_asyncio import client, config
+            from kubernetes_asyncio import client
         except ImportError:
             raise BenchError("--configmap needs kubernetes_asyncio: pip install 'flexinfer[kube]'") from None
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            await config.load_kube_config(config_file=cfg.kubeconfig or None)
-        async with client.ApiClient() as api_client:
+        from flexinfer.kubeclient import new_api_client
+
+        async with await new_api_client(cfg.kubeconfig or None) as api_client:
             core = client.CoreV1Api(api_client)
             if node_labels is None and not cfg.device_class and cfg.node_name:
                 node = await core.read_node(cfg.node_name)

@@ -27,6 +27,7 @@ from flexinfer import labels
 from flexinfer.agent.discovery import GPU, Discovery, OnceLog
 from flexinfer.agent.kv import scrape_kv_usage
 from flexinfer.agent.publish import desired_state, node_patch
+from flexinfer.kubeclient import new_api_client
 from flexinfer.settings import SettingsError, from_env
 
 log = logging.getLogger(__name__)
@@ -205,21 +206,6 @@ def load_agent_settings(args: argparse.Namespace | None = None, env: Mapping[str
                 overrides[name] = getattr(args, name)
     settings: AgentSettings = from_env(AgentSettings, env, **overrides)
     return settings
-
-
-async def new_api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes_asyncio ApiClient: explicit kubeconfig, else in-cluster, else the default file."""
-    from kubernetes_asyncio import client, config
-    from kubernetes_asyncio.config.config_exception import ConfigException
-
-    if kubeconfig:
-        return await config.new_client_from_config(config_file=kubeconfig)
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(configuration=cfg)
-    except ConfigException:
-        return await config.new_client_from_config()
 
 
 async def amain(settings: AgentSettings, kubeconfig: str | None = None, *, once: bool = False,

@@ -14,13 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from flexinfer.operator.kinds import Kind
@@ -173,11 +171,8 @@ class KubeClient:
 
 
 async def make_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ``ApiClient``: in-cluster when a service account is mounted, else ``kubeconfig``/``$KUBECONFIG``."""
-    cfg = k8s.Configuration()
-    if kubeconfig is None and os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    else:
-        path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        await k8s_config.load_kube_config(config_file=path.split(os.pathsep)[0], client_configuration=cfg)
-    return k8s.ApiClient(configuration=cfg)
+    """An ``ApiClient`` (see :func:`flexinfer.kubeclient.new_api_client`)."""
+    from flexinfer.kubeclient import new_api_client
+
+    client: k8s.ApiClient = await new_api_client(kubeconfig)
+    return client

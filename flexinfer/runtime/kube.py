@@ -45,6 +45,7 @@ from flexinfer.api.lora import LORA_ADAPTER as LORA_KIND
 from flexinfer.api.model import MODEL as MODEL_KIND
 from flexinfer.api.modeldeployment import MODEL_DEPLOYMENT as MODEL_DEPLOYMENT_KIND
 from flexinfer.api.schema import KindDef
+from flexinfer.kubeclient import new_api_client
 from flexinfer.runtime.base import ModelView
 from flexinfer.runtime.kubeviews import (
     EMPTY_INDEX,
@@ -110,18 +111,6 @@ class _GroupWait:
     written_at: float
     deadline: float
     task: asyncio.Task[None] | None = None
-
-
-async def new_api_client() -> Any:
-    """An ApiClient from the pod's service account, else from the kubeconfig."""
-    from kubernetes_asyncio import config
-
-    try:
-        cfg = k8s.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return k8s.ApiClient(configuration=cfg)
-    except config.ConfigException:
-        return await config.new_client_from_config()
 
 
 class KubeRuntime:

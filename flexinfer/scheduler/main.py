@@ -14,6 +14,7 @@ import gc
 import logging
 from typing import Any
 
+from flexinfer.kubeclient import new_api_client
 from flexinfer.scheduler.server import ExtenderHandler, make_app
 from flexinfer.scheduler.settings import load_extender_settings
 
@@ -35,21 +36,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="server-side timeout of each watch request in seconds (default 300)")
     parser.add_argument("--max-body-mb", type=int, default=32,
                         help="largest request body in MiB (full NodeLists are big; default 32)")
-
-
-async def new_api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes_asyncio ApiClient: explicit kubeconfig, else in-cluster, else the default file."""
-    from kubernetes_asyncio import client, config
-    from kubernetes_asyncio.config.config_exception import ConfigException
-
-    if kubeconfig:
-        return await config.new_client_from_config(config_file=kubeconfig)
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(configuration=cfg)
-    except ConfigException:
-        return await config.new_client_from_config()
 
 
 async def _freeze_when_synced(watchers: list[Any]) -> None:
