@@ -61,17 +61,24 @@ def check_path(path: str) -> str:
 
 def parse_json(body: bytes) -> dict[str, Any] | None:
     """Parse a JSON request body; None for an empty body. Only objects are accepted."""
+    return parse_json_counted(body)[0]
+
+
+def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, int]:
+    """(parsed body, occurrences of the raw ``"model"`` key token): the body is scanned once and the
+    count is handed to :func:`rewrite_model`, which needs it too."""
     if not body:
-        return None
+        return None, 0
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
-    if body.count(_MODEL_KEY) > 1 and _has_duplicate_model(body):
+    keys = body.count(_MODEL_KEY)
+    if keys > 1 and _has_duplicate_model(body):
         raise InvalidJSON("request body has more than one top-level \"model\" key", param="model")
-    return data
+    return data, keys
 
 
 def _has_duplicate_model(body: bytes) -> bool:
@@ -95,7 +102,7 @@ def body_model(data: dict[str, Any] | None) -> str | None:
     return check_model_name(value, "the request body")
 
 
-def rewrite_model(body: bytes, data: dict[str, Any], new: str) -> bytes:
+def rewrite_model(body: bytes, data: dict[str, Any], new: str, key_count: int | None = None) -> bytes:
     """The body with its top-level ``"model"`` set to ``new``.
 
     Splices the new value into the raw bytes when the key occurs exactly once in plain form (the
@@ -103,7 +110,9 @@ def rewrite_model(body: bytes, data: dict[str, Any], new: str) -> bytes:
     """
     if data.get("model") == new:
         return body
-    if body.count(_MODEL_KEY) == 1 and b"\\u" not in body:
+    if key_count is None:
+        key_count = body.count(_MODEL_KEY)
+    if key_count == 1 and b"\\u" not in body:
         m = _MODEL_VALUE_RE.search(body)
         if m is not None:
             raw = m.group(1)

@@ -40,10 +40,10 @@ _SSE = b"text/event-stream"
 
 
 def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
-    extra_drop: set[bytes] = set()
-    for k, v in req.headers:
-        if k == b"connection":
-            extra_drop.update(t.strip().lower() for t in v.split(b","))
+    conn = req.get(b"connection")
+    extra_drop: frozenset[bytes] | set[bytes] = frozenset()
+    if conn is not None:  # headers named in Connection are hop-by-hop too (rare: built only then)
+        extra_drop = {t.strip().lower() for k, v in req.headers if k == b"connection" for t in v.split(b",")}
     out = []
     for k, v in req.headers:
         if k in _DROP_UP or k in extra_drop or k.startswith(b"x-flexinfer-"):

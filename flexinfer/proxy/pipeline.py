@@ -182,9 +182,10 @@ class ProxyHandler:
             if self.draining:
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
             data: dict[str, Any] | None = None
+            model_keys: int | None = None
             ctype = req.content_type
             if req.body and ctype == b"application/json":
-                data = extract.parse_json(req.body)
+                data, model_keys = extract.parse_json_counted(req.body)
             name = ctx.model_name
             if name is None:
                 if data is not None:
@@ -220,7 +221,7 @@ class ProxyHandler:
                 ctx.extra_headers.append((b"x-flexinfer-maxtokens-clamped", b"%d->%d" % clamped))
                 self.metrics.max_tokens_clamped.labels(view.name).inc()
             elif data is not None and rewrite and "model" in data:
-                body = extract.rewrite_model(body, data, view.upstream_model)
+                body = extract.rewrite_model(body, data, view.upstream_model, model_keys)
             await self.forwarder.forward(req, resp, ctx, view, data, body)
         except FlexInferError as exc:
             self._error(resp, ctx, exc, model_label)
