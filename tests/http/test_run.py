@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import selectors
+import select
 import signal
 import socket
 import subprocess
@@ -21,21 +21,26 @@ import asyncio, os, sys
 from flexinfer.http.server import run
 from flexinfer.settings import HTTPSettings
 
+def say(*words):
+    # One write(2) per line: with PYTHONUNBUFFERED set, print() issues a write per word and two
+    # workers sharing the pipe interleave them ("ready ready 12 34 ...").
+    os.write(1, (" ".join(map(str, words)) + "\n").encode())
+
 class H:
     def on_headers(self, req):
         return None
 
     async def handle(self, req, resp):
         if req.path == "/slow":
-            print("slow", os.getpid(), flush=True)
+            say("slow", os.getpid())
             await asyncio.sleep(0.6)
         resp.send(200, [], str(os.getpid()).encode())
 
 async def on_start(server):
-    print("ready", os.getpid(), server.port, flush=True)
+    say("ready", os.getpid(), server.port)
 
 async def on_stop(server):
-    print("stopped", os.getpid(), flush=True)
+    say("stopped", os.getpid())
 
 sys.exit(run(H, HTTPSettings(drain_timeout=3.0), host="127.0.0.1", port=int(sys.argv[1]),
              workers=int(sys.argv[2]), on_start=on_start, on_stop=on_stop))
@@ -51,19 +56,36 @@ def _get(port: int, path: str = "/", timeout: float = 10.0) -> bytes:
     return data
 
 
-def _read_lines(proc: subprocess.Popen[bytes], n: int, timeout: float) -> list[list[str]]:
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    lines: list[list[str]] = []
-    end = time.monotonic() + timeout
-    while len(lines) < n and time.monotonic() < end:
-        if sel.select(max(0.0, end - time.monotonic())):
-            line = proc.stdout.readline()
-            if not line:
+class _Lines:
+    """Whole lines from a child's stdout, read from the raw fd with a deadline.
+
+    ``readline()`` on the buffered pipe after ``select()`` can strand a second line in Python's
+    buffer (select then waits for bytes that already arrived); splitting here cannot.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.fd = proc.stdout.fileno()
+        self.pending = b""
+        self.eof = False
+
+    def read(self, n: int, timeout: float) -> list[list[str]]:
+        lines: list[list[str]] = []
+        end = time.monotonic() + timeout
+        while len(lines) < n:
+            if b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
+                lines.append(line.decode().split())
+                continue
+            left = end - time.monotonic()
+            if self.eof or left <= 0:
                 break
-            lines.append(line.decode().split())
-    return lines
+            readable, _, _ = select.select([self.fd], [], [], left)
+            if readable:
+                chunk = os.read(self.fd, 65536)
+                self.pending += chunk
+                self.eof = not chunk
+        return lines
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -71,8 +93,9 @@ def test_run_workers_reuseport_and_sigterm_drain(workers: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "0", str(workers)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = _Lines(proc)
     try:
-        ready = _read_lines(proc, workers, timeout=20.0)
+        ready = out.read(workers, timeout=20.0)
         if len(ready) != workers:
             proc.kill()
             _, err = proc.communicate(timeout=5)
@@ -89,13 +112,13 @@ def test_run_workers_reuseport_and_sigterm_drain(workers: int) -> None:
         slow: list[bytes] = []
         t = threading.Thread(target=lambda: slow.append(_get(port, "/slow")))
         t.start()
-        started = _read_lines(proc, 1, timeout=10.0)  # the slow request is in flight
+        started = out.read(1, timeout=10.0)  # the slow request is in flight
         assert started and started[0][0] == "slow", started
         proc.send_signal(signal.SIGTERM)
         t.join(10.0)
         assert slow and slow[0].startswith(b"HTTP/1.1 200 OK")  # in-flight response finished
         assert proc.wait(10.0) == 0
-        stopped = _read_lines(proc, workers, timeout=2.0)
+        stopped = out.read(workers, timeout=2.0)
         assert len(stopped) == workers and all(line[0] == "stopped" for line in stopped)
         with pytest.raises(OSError):
             _get(port, timeout=1.0)
