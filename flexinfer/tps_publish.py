@@ -1,8 +1,8 @@
 """Publishing bench results in a cluster: the per-deployment ConfigMap and the global
 ``bench_<hash>`` / ``meta_<hash>`` keys the scheduler extender reads (3 tries on 409 conflicts).
 
-Split from :mod:`flexinfer.tps` (which measures); ``kubernetes_asyncio`` is imported only inside
-:func:`publish` when no API object is given.
+Part of the bench runner (:mod:`flexinfer.tps`; :mod:`flexinfer.tps_measure` measures);
+``kubernetes_asyncio`` is imported only inside :func:`publish` when no API object is given.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from flexinfer import benchkeys, labels
-from flexinfer.tps import BenchConfig, BenchError, BenchResult
+from flexinfer.tps_config import BenchConfig, BenchError
+from flexinfer.tps_stats import BenchResult
 
 log = logging.getLogger("flexinfer.tps")
 

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from flexinfer import flashloader as fl
+from flexinfer import flashloader_config as fconf
+from flexinfer import flashloader_copy as fcopy
+from flexinfer import flashloader_plan as fplan
 from flexinfer.cli import main
-from flexinfer.flashloader import FlashConfig, FlashError, SourceFile
+from flexinfer.flashloader_config import FlashConfig, FlashError
+from flexinfer.flashloader_plan import SourceFile
 from flexinfer.settings import SettingsError
 
 MiB = 1024 * 1024
@@ -33,7 +37,7 @@ def listing(root: Path) -> dict[str, bytes]:
 
 
 def cfg_for(src: Path, dst: Path, **kw: object) -> FlashConfig:
-    return fl.load_config({}, src=str(src), dst=str(dst), **kw)
+    return fconf.load_config({}, src=str(src), dst=str(dst), **kw)
 
 
 def run_load(src: Path, dst: Path, **kw: object) -> fl.FlashReport:
@@ -45,12 +49,12 @@ def run_load(src: Path, dst: Path, **kw: object) -> fl.FlashReport:
 
 
 def test_config_defaults_and_env() -> None:
-    cfg = fl.load_config({"FLASH_SRC": "/s", "FLASH_DST": "/d"})
+    cfg = fconf.load_config({"FLASH_SRC": "/s", "FLASH_DST": "/d"})
     assert (cfg.concurrency, cfg.buffer_kb, cfg.verify, cfg.variant) == (4, 4096, "none", "")
     assert cfg.exclude == (".cache/", ".git/")
     env = {"FLASH_SRC": "/s", "FLASH_DST": "/d", "FLASH_CONCURRENCY": "8", "FLASH_BUFFER_KB": "1024",
            "FLASH_VERIFY": "sha256", "FLASH_EXCLUDE": "original/, ./logs/,,", "FLASH_VARIANT": "fp16"}
-    cfg = fl.load_config(env)
+    cfg = fconf.load_config(env)
     assert (cfg.concurrency, cfg.buffer_kb, cfg.verify, cfg.variant) == (8, 1024, "sha256", "fp16")
     assert cfg.exclude == (".cache/", ".git/", "original/", "logs/")
     assert cfg.buffer_bytes == 1024 * 1024
@@ -59,12 +63,12 @@ def test_config_defaults_and_env() -> None:
 @pytest.mark.parametrize(("raw", "mode"), [("false", "none"), ("", "none"), ("0", "none"), ("true", "size"),
                                            ("1", "size"), ("SIZE", "size"), ("sha256", "sha256")])
 def test_verify_spellings(raw: str, mode: str) -> None:
-    assert fl.load_config({"FLASH_SRC": "/s", "FLASH_DST": "/d", "FLASH_VERIFY": raw}).verify == mode
+    assert fconf.load_config({"FLASH_SRC": "/s", "FLASH_DST": "/d", "FLASH_VERIFY": raw}).verify == mode
 
 
 def test_flags_override_env() -> None:
     env = {"FLASH_SRC": "/s", "FLASH_DST": "/d", "FLASH_CONCURRENCY": "8", "FLASH_EXCLUDE": "a/"}
-    cfg = fl.load_config(env, dst="/other", concurrency=2, exclude=("b/",), verify=None)
+    cfg = fconf.load_config(env, dst="/other", concurrency=2, exclude=("b/",), verify=None)
     assert (cfg.src, cfg.dst, cfg.concurrency) == ("/s", "/other", 2)
     assert cfg.exclude == (".cache/", ".git/", "b/")
 
@@ -80,7 +84,7 @@ def test_flags_override_env() -> None:
 ])
 def test_config_errors(env: dict[str, str], needle: str) -> None:
     with pytest.raises(SettingsError, match=needle):
-        fl.load_config(env)
+        fconf.load_config(env)
 
 
 # ---- pure planning ---------------------------------------------------------------------------
@@ -98,8 +102,8 @@ def test_config_errors(env: dict[str, str], needle: str) -> None:
     ("model.safetensors.index.json", None),
 ])
 def test_variant_name(rel: str, twin: str | None) -> None:
-    assert fl.variant_name(rel, "fp16") == twin
-    assert fl.variant_name(rel, "") is None
+    assert fplan.variant_name(rel, "fp16") == twin
+    assert fplan.variant_name(rel, "") is None
 
 
 def test_select_files_exclusions_and_variant() -> None:
@@ -107,30 +111,30 @@ def test_select_files_exclusions_and_variant() -> None:
         ".cache/huggingface/x", ".git/HEAD", "logs/a.txt", "config.json", "a/.git/keep",
         "unet/m.safetensors", "unet/m.fp16.safetensors", "vae/m.safetensors",  # vae has no fp16 twin
         "te/m-00001-of-00002.safetensors", "te/m.fp16-00001-of-00002.safetensors", "stray.flash-tmp")]
-    excludes = fl.normalize_excludes(["logs/"])
-    kept, excluded, skipped = fl.select_files(files, excludes, "fp16")
+    excludes = fconf.normalize_excludes(["logs/"])
+    kept, excluded, skipped = fplan.select_files(files, excludes, "fp16")
     assert [f.rel for f in kept] == ["config.json", "a/.git/keep", "unet/m.fp16.safetensors",
                                      "vae/m.safetensors", "te/m.fp16-00001-of-00002.safetensors"]
     assert excluded == [".cache/huggingface/x", ".git/HEAD", "logs/a.txt", "stray.flash-tmp"]
     assert skipped == ["unet/m.safetensors", "te/m-00001-of-00002.safetensors"]
-    kept_all, _, skipped_none = fl.select_files(files, excludes, "")
+    kept_all, _, skipped_none = fplan.select_files(files, excludes, "")
     assert skipped_none == [] and "unet/m.safetensors" in {f.rel for f in kept_all}
 
 
 def test_variant_twin_that_is_excluded_does_not_hide_the_original() -> None:
     files = [SourceFile("m.safetensors", 1), SourceFile("old/m.fp16.safetensors", 1),
              SourceFile("old/m.safetensors", 1)]
-    kept, _, skipped = fl.select_files(files, ("old/",), "fp16")
+    kept, _, skipped = fplan.select_files(files, ("old/",), "fp16")
     assert [f.rel for f in kept] == ["m.safetensors"] and skipped == []
 
 
 def test_plan_copies_skips_equal_sizes_and_orders_largest_first() -> None:
     files = [SourceFile("a", 10), SourceFile("b", 30), SourceFile("c", 20), SourceFile("d", 5)]
-    plan = fl.plan_copies(files, {"a": 10, "b": 29, "d": 5})
+    plan = fplan.plan_copies(files, {"a": 10, "b": 29, "d": 5})
     assert [f.rel for f in plan.copy] == ["b", "c"]
     assert [f.rel for f in plan.unchanged] == ["a", "d"]
     assert plan.bytes_to_copy == 50
-    forced = fl.plan_copies(files, {"a": 10, "b": 29, "d": 5}, force=["a"])
+    forced = fplan.plan_copies(files, {"a": 10, "b": 29, "d": 5}, force=["a"])
     assert [f.rel for f in forced.copy] == ["b", "c", "a"]
 
 
@@ -141,7 +145,7 @@ def test_plan_copies_skips_equal_sizes_and_orders_largest_first() -> None:
     (1000 * MiB, 1050 * MiB),  # 5 % = 50 MiB
 ])
 def test_required_bytes(size: int, need: int) -> None:
-    assert fl.required_bytes(size) == need
+    assert fplan.required_bytes(size) == need
 
 
 # ---- walking ---------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ def test_walk_skips_symlinks_and_prunes_excluded(tmp_path: Path) -> None:
     (src / "link.bin").symlink_to(src / "a.bin")
     (src / "linkdir").symlink_to(src / "sub")
     os.mkfifo(src / "fifo")
-    walk = fl.walk_source(str(src), fl.DEFAULT_EXCLUDES)
+    walk = fplan.walk_source(str(src), fconf.DEFAULT_EXCLUDES)
     assert [(f.rel, f.size) for f in walk.files] == [("a.bin", 10), ("sub/b.bin", 20)]
     assert sorted(walk.pruned) == [".cache/", ".git/"]
     assert walk.symlinks == 2
@@ -162,13 +166,13 @@ def test_walk_skips_symlinks_and_prunes_excluded(tmp_path: Path) -> None:
 # ---- copying ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("methods", [("copy_file_range",), ("sendfile",), ("buffered",), fl.COPY_METHODS])
+@pytest.mark.parametrize("methods", [("copy_file_range",), ("sendfile",), ("buffered",), fcopy.COPY_METHODS])
 def test_copy_data_each_method(tmp_path: Path, methods: tuple[str, ...]) -> None:
     data = os.urandom(3 * MiB + 123)
     (tmp_path / "s").write_bytes(data)
     seen: list[int] = []
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d", "wb") as d:
-        used = fl.copy_data(s.fileno(), d.fileno(), len(data), 64 * 1024, seen.append, methods)
+        used = fcopy.copy_data(s.fileno(), d.fileno(), len(data), 64 * 1024, seen.append, methods)
     assert (tmp_path / "d").read_bytes() == data
     assert sum(seen) == len(data)
     assert used == methods[0]
@@ -186,11 +190,11 @@ def test_copy_data_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(os, "copy_file_range", no_cfr)
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d", "wb") as d:
-        assert fl.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "sendfile"
+        assert fcopy.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "sendfile"
     assert (tmp_path / "d").read_bytes() == data
     monkeypatch.setattr(os, "sendfile", no_sendfile)
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d2", "wb") as d:
-        assert fl.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "buffered"
+        assert fcopy.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "buffered"
     assert (tmp_path / "d2").read_bytes() == data
 
 
@@ -208,7 +212,7 @@ def test_copy_data_short_kernel_copy_continues_with_next_method(tmp_path: Path,
 
     monkeypatch.setattr(os, "copy_file_range", short)
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d", "wb") as d:
-        used = fl.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None)
+        used = fcopy.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None)
     assert used == "copy_file_range+sendfile"
     assert (tmp_path / "d").read_bytes() == data
 
@@ -256,7 +260,7 @@ def test_sha256_mode_repairs_equal_size_corruption(tmp_path: Path) -> None:
     assert (report.copied_files, report.unchanged) == (1, 1)
 
 
-def _half_then_fail(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fl.ChunkCallback) -> str:
+def _half_then_fail(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
     half = os.pread(src_fd, size // 2, 0)
     os.write(dst_fd, half)
     on_chunk(len(half))
@@ -276,7 +280,7 @@ def test_fault_inside_kernel_copy_mid_file(tmp_path: Path, monkeypatch: pytest.M
     """The real copy path, failing after the first chunk: no fallback (bytes moved), no partial file."""
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {"big.bin": 4 * MiB})
-    monkeypatch.setattr(fl, "KERNEL_CHUNK", MiB)
+    monkeypatch.setattr(fcopy, "KERNEL_CHUNK", MiB)
     real = os.copy_file_range
     calls = {"n": 0}
 
@@ -296,10 +300,10 @@ def test_error_in_one_file_cancels_the_rest_and_cleans_up(tmp_path: Path) -> Non
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {f"f{i}.bin": 64 * 1024 + i for i in range(12)})
 
-    def fail_on_f3(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fl.ChunkCallback) -> str:
+    def fail_on_f3(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
         if size == 64 * 1024 + 3:
             raise OSError(errno.EIO, "bad sector")
-        return fl.copy_data(src_fd, dst_fd, size, buf, on_chunk)
+        return fcopy.copy_data(src_fd, dst_fd, size, buf, on_chunk)
 
     with pytest.raises(FlashError, match=r"f3\.bin"):
         run_load(src, dst, copier=fail_on_f3, concurrency=4)
@@ -343,15 +347,15 @@ def test_preflight_counts_only_files_to_copy(tmp_path: Path) -> None:
 
 
 def test_statvfs_free_bytes_of_missing_path(tmp_path: Path) -> None:
-    assert fl.statvfs_free_bytes(str(tmp_path / "not" / "yet")) > 0
+    assert fplan.statvfs_free_bytes(str(tmp_path / "not" / "yet")) > 0
 
 
 def test_verify_sha256_catches_corrupted_copy(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {"w.bin": 200_000})
 
-    def corrupting(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fl.ChunkCallback) -> str:
-        used = fl.copy_data(src_fd, dst_fd, size, buf, on_chunk)
+    def corrupting(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
+        used = fcopy.copy_data(src_fd, dst_fd, size, buf, on_chunk)
         os.pwrite(dst_fd, b"\xff", 1234)
         return used
 
@@ -366,7 +370,7 @@ def test_truncated_copy_is_always_caught(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {"w.bin": 5000})
 
-    def truncating(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fl.ChunkCallback) -> str:
+    def truncating(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
         os.write(dst_fd, os.pread(src_fd, size - 1, 0))
         return "buffered"
 
@@ -464,10 +468,10 @@ def test_progress_lines_on_non_tty(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {f"f{i}": 300_000 for i in range(4)})
 
-    def slow(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fl.ChunkCallback) -> str:
+    def slow(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
         import time
         time.sleep(0.05)
-        return fl.copy_data(src_fd, dst_fd, size, buf, on_chunk)
+        return fcopy.copy_data(src_fd, dst_fd, size, buf, on_chunk)
 
     out = io.StringIO()
     fl.flash_load(cfg_for(src, dst, concurrency=1), out=out, copier=slow, progress_interval=0.01)

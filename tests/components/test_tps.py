@@ -20,8 +20,12 @@ import pytest
 
 from flexinfer import benchkeys, tps, tps_publish
 from flexinfer.cli import main
+from flexinfer.settings import SettingsError
 from flexinfer.tps import BenchConfig, BenchError, BenchResult, Sample
+from flexinfer.tps_client import request_body
+from flexinfer.tps_config import HTTPStatusError
 from flexinfer.tps_publish import Conflict
+from flexinfer.tps_report import CSV_FIELDS
 
 # ---- a fake OpenAI server ------------------------------------------------------------------------
 
@@ -212,7 +216,7 @@ def test_request_body_and_auth(fake: FakeOpenAI) -> None:
 
 def test_default_prompt_and_max_tokens() -> None:
     cfg = tps.load_config({"MODEL_NAME": "m"})
-    body = json.loads(tps.request_body(cfg, "m"))
+    body = json.loads(request_body(cfg, "m"))
     assert body["messages"][0]["content"] == "Write a long story about a space adventure to Mars."
     assert body["max_tokens"] == 128
     assert (cfg.warmup, cfg.iterations, cfg.min_duration) == (2, 5, 30.0)
@@ -250,7 +254,7 @@ def test_readiness_timeout(fake: FakeOpenAI) -> None:
 
 def test_non_retryable_status_fails_at_once(fake: FakeOpenAI) -> None:
     fake.fail_first, fake.fail_status = 5, 401
-    with pytest.raises(tps.HTTPStatusError, match="HTTP 401"):
+    with pytest.raises(HTTPStatusError, match="HTTP 401"):
         tps.run_bench(bench_cfg(fake, warmup=1))
     assert fake.chat_requests == 1
 
@@ -301,7 +305,7 @@ def test_env_names() -> None:
 @pytest.mark.parametrize("flags", [{"iterations": 0}, {"warmup": -1}, {"min_duration": -1.0},
                                    {"base_url": "ftp://x"}, {"max_tokens": 0}])
 def test_config_errors(flags: dict[str, Any]) -> None:
-    with pytest.raises(tps.SettingsError):
+    with pytest.raises(SettingsError):
         tps.load_config({}, **flags)
 
 
@@ -343,7 +347,7 @@ def test_cli_csv_and_json_files(fake: FakeOpenAI, tmp_path: Path, capsys: pytest
     assert rc == 0
     rows = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert [r["iteration"] for r in rows] == ["1", "2"]
-    assert tuple(rows[0]) == tps.CSV_FIELDS and float(rows[0]["tokens_per_second"]) > 0
+    assert tuple(rows[0]) == CSV_FIELDS and float(rows[0]["tokens_per_second"]) > 0
     assert json.loads((tmp_path / "r.json").read_text())["iterations"] == 2
     out, err = capsys.readouterr()
     assert "TTFT p50" in out and err == ""
