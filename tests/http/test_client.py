@@ -145,7 +145,7 @@ async def test_response_timeout() -> None:
             await pool.request("POST", "/", [], b"{}", response_timeout=0.3)
         assert ei.value.reason == "response_timeout" and ei.value.sent is True
         assert 0.3 <= time.monotonic() - t0 < 3.0  # the default is 300 s
-        assert await until(lambda: backend.conns[0].closed.is_set(), 1.0)  # upstream socket closed
+        assert await until(lambda: backend.conns[0].closed.is_set(), 3.0)  # upstream socket closed
         assert len(backend.conns) == 1  # never retried
         assert pool.active == 0 and pool.idle == 0
 
@@ -250,7 +250,7 @@ async def test_malformed_upstream_response_is_protocol_error(name: str, raw: byt
             await resp.read_all(1 << 20)
         assert ei.value.reason == "protocol"
         assert pool.idle == 0 and pool.active == 0
-        assert await until(lambda: backend.conns[0].closed.is_set(), 1.0)
+        assert await until(lambda: backend.conns[0].closed.is_set(), 3.0)
 
 
 async def test_extra_bytes_after_body_dropped_and_not_reused() -> None:
@@ -346,7 +346,7 @@ async def test_pool_idle_timeout_closes_and_does_not_reuse() -> None:
         pool = UpstreamPool(HOST, backend.port, UpstreamSettings(pool_idle_timeout=0.2))
         await (await pool.request("GET", "/", [], b"")).read_all(100)
         assert pool.idle == 1
-        assert await until(lambda: backend.conns[0].closed.is_set(), 1.0)  # swept, socket closed
+        assert await until(lambda: backend.conns[0].closed.is_set(), 3.0)  # swept, socket closed
         assert pool.idle == 0
         await (await pool.request("GET", "/", [], b"")).read_all(100)
         assert len(backend.conns) == 2
@@ -588,9 +588,9 @@ async def test_client_disconnect_closes_upstream_and_relay_raises_client_gone() 
             await reader.readuntil(b"data: 3\n\n")
             t0 = time.monotonic()
             writer.transport.abort()
-            assert await until(lambda: backend.conns[0].closed.is_set(), 1.0)
-            assert time.monotonic() - t0 < 1.0
-            assert await until(lambda: events == ["on_disconnect", "client_gone"], 1.0), events
+            assert await until(lambda: backend.conns[0].closed.is_set(), 3.0)
+            assert time.monotonic() - t0 < 3.0
+            assert await until(lambda: events == ["on_disconnect", "client_gone"], 3.0), events
             assert pool.active == 0 and pool.idle == 0
         await pool.close()
 
