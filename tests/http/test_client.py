@@ -130,7 +130,7 @@ async def test_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UpstreamConnectError) as ei:
         await pool.request("GET", "/", [], b"")
     assert ei.value.reason == "connect_timeout" and ei.value.sent is False
-    assert 0.2 <= time.monotonic() - t0 < 3.0  # vs the 10 s sleep
+    assert 0.15 <= time.monotonic() - t0 < 3.0  # vs the 10 s sleep
 
 
 async def test_response_timeout() -> None:
@@ -144,7 +144,7 @@ async def test_response_timeout() -> None:
         with pytest.raises(UpstreamTimeout) as ei:
             await pool.request("POST", "/", [], b"{}", response_timeout=0.3)
         assert ei.value.reason == "response_timeout" and ei.value.sent is True
-        assert 0.3 <= time.monotonic() - t0 < 3.0  # the default is 300 s
+        assert 0.25 <= time.monotonic() - t0 < 3.0  # the default is 300 s
         assert await until(lambda: backend.conns[0].closed.is_set(), 3.0)  # upstream socket closed
         assert len(backend.conns) == 1  # never retried
         assert pool.active == 0 and pool.idle == 0
@@ -165,7 +165,7 @@ async def test_stream_idle_timeout() -> None:
         with pytest.raises(UpstreamTimeout) as ei:
             await resp.read()
         assert ei.value.reason == "idle_timeout"
-        assert 0.2 <= time.monotonic() - t0 < 3.0  # the default is 300 s
+        assert 0.15 <= time.monotonic() - t0 < 3.0  # the default is 300 s
         assert pool.idle == 0 and pool.active == 0
 
 

@@ -217,6 +217,6 @@ async def test_m67_one_byte_per_tick_hits_header_deadline() -> None:
         resps = parse_responses(ex.data)
         assert [r.status for r in resps] == [408]
         assert ex.eof
-        assert 0.3 <= took < 3.0  # the 10 s default would be far later; slack for loaded CI
+        assert 0.25 <= took < 3.0  # the 10 s default would be far later; slack for loaded CI
         assert handler.seen_headers == [] and handler.handled == []
         assert server.stats.rejections == {"header_timeout": 1}

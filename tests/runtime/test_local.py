@@ -117,7 +117,7 @@ def test_activation_deadline_is_504(local: LocalStack) -> None:
         client(local).chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
     assert ei.value.status_code == 504 and ei.value.code == "timeout"
     assert "did not become ready within 0.5s" in ei.value.message
-    assert 0.45 < time.monotonic() - t0 < 2.0
+    assert 0.4 < time.monotonic() - t0 < 3.0
 
 
 def test_crash_during_start_then_later_request_succeeds(local: LocalStack, tmp_path: Path) -> None:
