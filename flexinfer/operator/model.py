@@ -21,6 +21,7 @@ from typing import Any
 from flexinfer import labels
 from flexinfer.api import Model, ModelCache, ModelSpec, ModelStatus, ObjectMeta, SpecError
 from flexinfer.api.common import check_kind, opt_time, parse_duration
+from flexinfer.api.conditions import CACHED
 from flexinfer.operator import builders
 from flexinfer.operator.context import GROUP_Q, LORA_Q, MODEL_Q, Operator
 from flexinfer.operator.jobs import tmpfs_cleanup_job
@@ -34,6 +35,7 @@ from flexinfer.operator.model_logic import (
 )
 from flexinfer.operator.results import Result
 from flexinfer.operator.shared import GroupMemberState, plan_group
+from flexinfer.operator.sharing import LOADING_PHASES
 
 log = logging.getLogger("flexinfer.operator.model")
 FINALIZER = labels.FINALIZER_MODEL
@@ -201,22 +203,48 @@ async def cleanup_model(op: Operator, body: Mapping[str, Any]) -> None:
 
 # ---- shared-GPU groups ------------------------------------------------------------------------------
 
+def _duration(raw: Any, default: float) -> float:
+    try:
+        return parse_duration(raw) if raw else default
+    except SpecError:
+        return default
+
+
+def _cached(status: Mapping[str, Any]) -> bool:
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == CACHED:
+            return c.get("status") == "True"
+    return False  # not gated yet: unknown counts as not ready
+
+
 def member_state(body: Mapping[str, Any], group: str) -> GroupMemberState:
-    """What the group plan needs from a member, read leniently from the raw object."""
+    """What the group plan needs from a member, read leniently from the raw object.
+
+    The cold-start hold is measured from ``status.loadingProgressAt`` (written by ``model_logic``
+    when the load starts, i.e. when the phase enters Pending/Loading with the cache ready, and kept
+    until the load ends); it counts only while the phase is Pending or Loading.
+    """
     spec, status = body.get("spec") or {}, body.get("status") or {}
     gpu = spec.get("gpu") or {}
+    config = spec.get("config") or {}
+    serverless = spec.get("serverless") or {}
     sg = status.get("sharedGroup") or {}
     mine = sg.get("groupName") == group
-    try:
-        cooldown = parse_duration(gpu.get("swapCooldown") or "5m")
-    except SpecError:
-        cooldown = 300.0
     prio = gpu.get("priority")
+    phase = str(status.get("phase") or "")
+    warm = config.get("warmPolicy") if isinstance(config, Mapping) else None
     return GroupMemberState(
         name=str(_md(body).get("name")), priority=prio if isinstance(prio, int) else 100,
-        phase=str(status.get("phase") or ""), last_active=opt_time(status.get("lastActiveTime")),
+        phase=phase, last_active=opt_time(status.get("lastActiveTime")),
         state=str(sg.get("state") or "") if mine else "", preempted_at=opt_time(sg.get("preemptedAt")) if mine else None,
-        swap_cooldown_s=cooldown, service_labels=tuple(str(x) for x in spec.get("serviceLabels") or ()))
+        swap_cooldown_s=_duration(gpu.get("swapCooldown"), 300.0),
+        service_labels=tuple(str(x) for x in spec.get("serviceLabels") or ()),
+        force_promotion=gpu.get("forcePromotion") is True,
+        primary=isinstance(warm, str) and warm.lower() == "primary",
+        cache_ready=_cached(status),
+        loading_since=opt_time(status.get("loadingProgressAt")) if phase in LOADING_PHASES else None,
+        cold_start_timeout_s=_duration(serverless.get("coldStartTimeout") if isinstance(serverless, Mapping)
+                                       else None, 60.0))
 
 
 async def reconcile_group(op: Operator, key: Key) -> Result:

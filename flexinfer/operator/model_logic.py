@@ -10,6 +10,9 @@ Owns (``shared/reference/flexinfer-upstream.md`` §2.1–2.4):
   minReplicas; Loading -> 1; idle past the timeout -> minReplicas; else max(1, minReplicas));
 - phase and conditions (Ready, Schedulable, ConfigValid, Cached, Loaded) with reason, message,
   ``lastTransitionTime`` (moved only when a status flips) and ``observedGeneration``;
+- ``status.loadingProgressAt``: set to now when a load starts (the phase enters Pending or Loading
+  with the cache ready, i.e. replicas were asked for), kept while the load goes on, removed otherwise;
+  the shared-GPU cold-start hold is measured from it (``sharing``);
 - alias conflicts (``ConfigValid=False``, reason ``AliasConflict``; never blocking);
 - the Events a status transition deserves.
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from flexinfer.api.common import INVALID_SPEC, SpecError
+from flexinfer.api.common import INVALID_SPEC, SpecError, format_time, opt_time
 from flexinfer.api.conditions import (
     CACHED,
     CONFIG_VALID,
@@ -168,6 +171,17 @@ def desired_replicas(m: Model, shared_state: str | None, phase: str | None, last
     return max(1, sv.min_replicas), max(0.0, sv.idle_timeout_s - idle) + 0.5
 
 
+def loading_since(old_status: Mapping[str, Any], phase: str, cache_ready: bool, now: datetime) -> str | None:
+    """``status.loadingProgressAt``: when the current load started (kept while it lasts), None when
+    the model is not loading. Pending on a cache that is not ready is not loading."""
+    if not cache_ready or phase not in ("Pending", "Loading"):
+        return None
+    old = old_status.get("loadingProgressAt")
+    if isinstance(old, str) and opt_time(old) is not None:
+        return old
+    return format_time(now)
+
+
 # ---- alias conflicts ---------------------------------------------------------------------------------
 
 def claimed_names(spec: Mapping[str, Any] | None) -> frozenset[str]:
@@ -252,7 +266,8 @@ def _failed(inp: ModelInputs, reason: str, message: str, cond: str, *, requeue: 
         conds.set(CONFIG_VALID, "True", "ConfigValid", "the spec is valid")
     conds.set(cond, "False", reason, message)
     conds.set(READY, "False", reason, message)
-    status: dict[str, Any] = {"observedGeneration": gen, "phase": "Failed", "conditions": conds.to_list()}
+    status: dict[str, Any] = {"observedGeneration": gen, "phase": "Failed", "conditions": conds.to_list(),
+                              "loadingProgressAt": None}
     if endpoint:
         status["endpoint"] = endpoint
     return ModelPlan(status=status, requeue_after=requeue, permanent=f"{reason}: {message}")
@@ -347,6 +362,7 @@ def plan_model(inp: ModelInputs, settings: OperatorSettings) -> ModelPlan:
         "gpu": {"vendor": vendor, "architecture": arch or None, "memoryMB": vram_mb} if vendor != "cpu" else None,
         "cache": cache.status(),
     }
+    status["loadingProgressAt"] = loading_since(status_raw, phase, cache.ready, inp.now)
     requeue = settings.resync_s if idle_requeue is None else min(settings.resync_s, idle_requeue)
     return ModelPlan(status=status, deployment=deployment, service=service, create=cache.create,
                      delete=cache.delete, requeue_after=requeue)

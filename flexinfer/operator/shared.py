@@ -10,10 +10,13 @@ uses) to a group of Models (``spec.gpu.shared``), as the original's ``handleShar
   ``preemptedAt`` = now and an Event "Preempted by X with priority N"; ``preemptedAt`` is kept (the
   cooldown reads it) until the member leads again;
 - Failed members never lead;
+- the late refinements (``forcePromotion``, ``warmPolicy: primary``, cache gating, the cold-start
+  hold) are read from each member by ``model.member_state`` and decided by ``choose_leader``; the
+  hold is measured from ``status.loadingProgressAt``, which ``model_logic`` sets when a load starts;
 - (the Service annotation ``ai.flexinfer/active-services`` follows each member's own state: see
   ``model_logic``);
-- the next instant the choice may change by itself (a window or cooldown ending) is returned so the
-  group is looked at again then.
+- the next instant the choice may change by itself (a window, cooldown or cold-start hold ending) is
+  returned so the group is looked at again then.
 
 Must not: do I/O or read the clock.
 """
@@ -27,7 +30,14 @@ from typing import Any
 
 from flexinfer.api.common import format_time
 from flexinfer.operator.results import Event
-from flexinfer.operator.sharing import Member, Windows, choose_leader, cooldown_of, queue_positions
+from flexinfer.operator.sharing import (
+    LOADING_PHASES,
+    Member,
+    Windows,
+    choose_leader,
+    cooldown_of,
+    queue_positions,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,11 @@ class GroupMemberState:
     preempted_at: datetime | None = None
     swap_cooldown_s: float = 300.0
     service_labels: tuple[str, ...] = ()
+    force_promotion: bool = False  # spec.gpu.forcePromotion
+    primary: bool = False  # spec.config.warmPolicy == "primary"
+    cache_ready: bool = True  # the Cached condition is True
+    loading_since: datetime | None = None  # status.loadingProgressAt while Pending/Loading
+    cold_start_timeout_s: float = 60.0  # spec.serverless.coldStartTimeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +76,9 @@ def plan_group(group: str, members: Sequence[GroupMemberState], now: datetime,
     """The state of every member of ``group`` now."""
     t = now.timestamp()
     candidates = [Member(name=m.name, priority=m.priority, phase=m.phase, last_active=_ts(m.last_active),
-                         state=m.state, preempted_at=_ts(m.preempted_at), swap_cooldown=m.swap_cooldown_s)
+                         state=m.state, preempted_at=_ts(m.preempted_at), swap_cooldown=m.swap_cooldown_s,
+                         force_promotion=m.force_promotion, primary=m.primary, cache_ready=m.cache_ready,
+                         loading_since=_ts(m.loading_since), cold_start_timeout=m.cold_start_timeout_s)
                   for m in members if m.phase != "Failed"]
     leader = choose_leader(candidates, t, windows)
     everyone = [Member(name=m.name, priority=m.priority) for m in members]
@@ -96,7 +113,8 @@ def plan_group(group: str, members: Sequence[GroupMemberState], now: datetime,
 
 
 def _next_check(members: Sequence[Member], now: float, windows: Windows) -> float | None:
-    """Seconds until a demand/recent window or a cooldown of some member ends (None: never)."""
+    """Seconds until a demand/recent window, a cooldown or a cold-start hold of some member ends
+    (None: never)."""
     cooldown = cooldown_of(members, windows) if members else windows.min_cooldown
     edges: list[float] = []
     for m in members:
@@ -104,6 +122,8 @@ def _next_check(members: Sequence[Member], now: float, windows: Windows) -> floa
             edges += [m.last_active + windows.demand, m.last_active + windows.recent]
         if m.preempted_at is not None:
             edges.append(m.preempted_at + cooldown)
+        if m.loading_since is not None and m.phase in LOADING_PHASES:
+            edges.append(m.loading_since + m.cold_start_timeout)
     future = [e - now for e in edges if e > now]
     return min(future) + 0.1 if future else None
 

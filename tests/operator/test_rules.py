@@ -4,6 +4,7 @@ GPUGroup anti-thrashing, alias conflicts, transition events, the store overlay a
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +17,14 @@ from flexinfer.operator.diff import is_subset, merge_patch
 from flexinfer.operator.gpu import detect_gpu
 from flexinfer.operator.gpugroup import MemberObs, decide
 from flexinfer.operator.kinds import DEPLOYMENT
-from flexinfer.operator.model_logic import alias_conflicts, claimed_names, desired_replicas, transition_events
+from flexinfer.operator.model import member_state
+from flexinfer.operator.model_logic import (
+    alias_conflicts,
+    claimed_names,
+    desired_replicas,
+    loading_since,
+    transition_events,
+)
 from flexinfer.operator.results import Result
 from flexinfer.operator.shared import GroupMemberState, plan_group
 from flexinfer.operator.sharing import Windows
@@ -152,6 +160,66 @@ def test_group_cooldown_and_priority() -> None:
     failed = [GroupMemberState("a", 500, "Failed"), GroupMemberState("b", 100)]
     assert plan_group("g", failed, NOW, W).leader == "b"
 
+
+
+def test_group_late_refinements() -> None:
+    # warmPolicy primary wins the idle fallback
+    idle = [GroupMemberState("a", 200), GroupMemberState("p", 50, primary=True)]
+    assert plan_group("g", idle, NOW, W).leader == "p"
+    # forcePromotion: a demanded forced member takes the GPU from a busy Ready leader, the leader is Preempted
+    busy = [GroupMemberState("a", 100, "Ready", ago(5), "Active", cache_ready=True),
+            GroupMemberState("b", 100, "Idle", ago(1), "Queued", force_promotion=True)]
+    p = plan_group("g", busy, NOW, W)
+    assert p.leader == "b" and p.shared_status["a"]["state"] == "Preempted"
+    # ... but not while its cache is not ready; nor does an uncached demand preempt an idle Ready leader
+    uncached = [busy[0], replace(busy[1], cache_ready=False)]
+    assert plan_group("g", uncached, NOW, W).leader == "a"
+    idle_ready = [GroupMemberState("a", 100, "Ready", ago(500), "Active"),
+                  GroupMemberState("b", 100, "Idle", ago(1), "Queued", cache_ready=False)]
+    assert plan_group("g", idle_ready, NOW, W).leader == "a"
+    # an Active Loading member keeps the lead within its coldStartTimeout; the plan looks again when it ends
+    loading = [GroupMemberState("a", 100, "Loading", ago(200), "Active", loading_since=ago(20),
+                                cold_start_timeout_s=60),
+               GroupMemberState("b", 900, "Idle", ago(1), "Queued")]
+    p = plan_group("g", loading, NOW, W)
+    assert p.leader == "a" and p.next_check is not None and 39.9 < p.next_check < 40.2
+    assert plan_group("g", loading, NOW + timedelta(seconds=41), W).leader == "b"
+
+
+def _member_body(**over: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"metadata": {"name": "m"}, "spec": {"gpu": {"shared": "g"}}, "status": {}}
+    for k, v in over.items():
+        body[k].update(v)
+    return body
+
+
+def test_member_state_reads_the_refinements() -> None:
+    ms = member_state(_member_body(), "g")
+    assert (ms.force_promotion, ms.primary, ms.cache_ready, ms.loading_since, ms.cold_start_timeout_s) == (
+        False, False, False, None, 60.0)  # no status yet: the cache is not known to be ready
+    at = "2025-07-01T11:59:40Z"
+    ms = member_state(_member_body(
+        spec={"gpu": {"shared": "g", "forcePromotion": True}, "config": {"warmPolicy": "primary"},
+              "serverless": {"coldStartTimeout": "3m"}},
+        status={"phase": "Loading", "loadingProgressAt": at,
+                "conditions": [{"type": "Cached", "status": "True"}]}), "g")
+    assert (ms.force_promotion, ms.primary, ms.cache_ready, ms.cold_start_timeout_s) == (True, True, True, 180.0)
+    assert ms.loading_since == ago(20)
+    # the load start counts only while Pending/Loading; an unreadable timeout falls back to the default
+    ms = member_state(_member_body(spec={"serverless": {"coldStartTimeout": "soon"}, "config": {"warmPolicy": "lazy"}},
+                                   status={"phase": "Ready", "loadingProgressAt": at,
+                                           "conditions": [{"type": "Cached", "status": "False"}]}), "g")
+    assert (ms.loading_since, ms.cold_start_timeout_s, ms.primary, ms.cache_ready) == (None, 60.0, False, False)
+
+
+def test_loading_since() -> None:
+    now_s = "2025-07-01T12:00:00Z"
+    assert loading_since({}, "Loading", True, NOW) == now_s  # a load starts
+    assert loading_since({"loadingProgressAt": "2025-07-01T11:00:00Z"}, "Loading", True, NOW) == "2025-07-01T11:00:00Z"
+    assert loading_since({"loadingProgressAt": "garbage"}, "Pending", True, NOW) == now_s
+    assert loading_since({}, "Pending", False, NOW) is None  # waiting for the cache is not loading
+    assert loading_since({"loadingProgressAt": now_s}, "Ready", True, NOW) is None
+    assert loading_since({"loadingProgressAt": now_s}, "Idle", True, NOW) is None
 
 # ---- GPUGroup anti-thrashing --------------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Time-dependent Model rules end to end, on a fake clock: serverless idle timeout and a shared-GPU
-group of three Models (demand moves the lead, priority and the swap cooldown are respected)."""
+group of three Models (demand moves the lead, priority and the swap cooldown are respected), and the
+late refinements (warmPolicy primary, the cold-start hold, forcePromotion)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def shared(env: OperatorEnv, name: str) -> dict[str, Any]:
     return env.status(name).get("sharedGroup") or {}
 
 
-def leader(env: OperatorEnv) -> list[str]:
-    return [n for n in "abc" if shared(env, n).get("state") == "Active"]
+def leader(env: OperatorEnv, names: str = "abc") -> list[str]:
+    return [n for n in names if shared(env, n).get("state") == "Active"]
 
 
 async def test_serverless_idle_timeout(kube: KubeEnv) -> None:
@@ -110,3 +111,55 @@ async def test_shared_group_of_three(kube: KubeEnv) -> None:
         await demand(env, "b", clock.now)
         await env.wait_for(lambda: leader(env) == ["b"], what="b leads after the cooldown")
         assert shared(env, "a")["state"] == "Queued"  # a never became Ready: not preempted
+
+
+async def test_shared_group_late_refinements(kube: KubeEnv) -> None:
+    kube.seed(NODES, gpu_node("n1"))
+    clock = FakeClock()
+    names = "abcp"
+    async with run_operator(kube, clock=clock) as env:
+        await env.create(MODELS, model("a", gpu={"shared": "g", "priority": 100}))
+        await env.create(MODELS, model("b", gpu={"shared": "g", "priority": 100, "forcePromotion": True}))
+        await env.create(MODELS, model("c", gpu={"shared": "g", "priority": 900}))
+        await env.create(MODELS, model("p", gpu={"shared": "g", "priority": 50}, config={"warmPolicy": "primary"}))
+        # nobody asked: the primary holds the GPU (by priority alone, c would)
+        await env.wait_for(lambda: leader(env, names) == ["p"], what="primary p leads")
+        await env.wait_for(lambda: all(env.condition(n, "Cached").get("status") == "True" for n in names))
+
+        # demand on a: a leads and starts loading; the load start is recorded
+        t0 = clock.now
+        await demand(env, "a", t0)
+        await env.wait_for(lambda: leader(env, names) == ["a"], what="a leads")
+        await env.wait_for(lambda: env.status("a").get("phase") == "Loading"
+                           and env.status("a").get("loadingProgressAt") == format_time(t0), what="a loading")
+
+        # a higher-priority demand does not cut a's load within its coldStartTimeout (60 s)
+        clock.advance(10)
+        await demand(env, "c", clock.now)
+        await env.settle(quiet=1.0)
+        assert leader(env, names) == ["a"] and replicas(env, "c") == 0
+
+        # once the cold start is over, c (nobody is Ready, c has the higher priority) takes the GPU
+        clock.advance(55)
+        await env.wait_for(lambda: leader(env, names) == ["c"], what="c leads after a's cold start")
+        await env.wait_for(lambda: replicas(env, "a") == 0 and replicas(env, "c") == 1, what="swap to c")
+        assert shared(env, "a")["state"] == "Queued"  # a never became Ready: not preempted
+        await env.wait_for(lambda: "loadingProgressAt" not in env.status("a"), what="a's load start cleared")
+        await env.set_deployment_ready("c")
+        await env.wait_for(lambda: env.status("c").get("phase") == "Ready")
+        assert "loadingProgressAt" not in env.status("c")
+
+        # b's forced demand takes the GPU from the busy, higher-priority c at once
+        clock.advance(10)
+        await demand(env, "c", clock.now)
+        await demand(env, "b", clock.now)
+        await env.wait_for(lambda: leader(env, names) == ["b"], what="forced b leads")
+        sc = shared(env, "c")
+        assert sc["state"] == "Preempted" and sc["preemptedBy"] == "b"
+        await env.wait_for(lambda: replicas(env, "c") == 0 and replicas(env, "b") == 1, what="swap to b")
+
+        # within the cooldown, c's demand does not swap back while b is forced and demanded
+        clock.advance(10)
+        await demand(env, "c", clock.now)
+        await env.settle(quiet=1.0)
+        assert leader(env, names) == ["b"]

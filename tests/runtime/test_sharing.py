@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from flexinfer.operator.sharing import Member, Windows, better, choose_leader, cooldown_of, queue_positions
+from flexinfer.operator.sharing import (
+    Member,
+    Windows,
+    better,
+    choose_leader,
+    cooldown_of,
+    holds,
+    queue_positions,
+)
 
 NOW = 10_000.0
 M = Member
@@ -71,6 +79,79 @@ CASES: list[tuple[str, list[Member], str | None]] = [
 ]
 
 
+# The late refinements (§2.4, last bullet). Every case of LATE picks another leader under the rule without
+# them; LATE_BOUNDS are their limits (the same leader either way).
+LATE: list[tuple[str, list[Member], str | None]] = [
+    # config.warmPolicy: primary wins the idle fallback
+    ("primary wins the idle fallback", [M("a", 200), M("p", 50, primary=True)], "p"),
+    ("primary wins over stale activity", [M("a", 200, last_active=ago(9999)),
+                                          M("p", 50, last_active=ago(9999), primary=True)], "p"),
+    ("two primaries: the better one", [M("a", 900), M("p", 50, primary=True), M("q", 60, primary=True)], "q"),
+    # gpu.forcePromotion: a demanded forced member takes the GPU now
+    ("forced demand ignores the cooldown",
+     [M("a", 100, "Ready", ago(500), "Active"), M("b", 100, last_active=ago(1), preempted_at=ago(60),
+                                                  force_promotion=True)], "b"),
+    ("forced demand preempts a busy ready leader",
+     [M("a", 100, "Ready", ago(5), "Active"), M("b", 100, last_active=ago(1), force_promotion=True)], "b"),
+    ("forced demand preempts a busy higher-priority leader",
+     [M("a", 900, "Ready", ago(5), "Active"), M("b", 10, last_active=ago(1), force_promotion=True)], "b"),
+    ("forced demand beats a cold-start hold",
+     [M("a", 100, "Loading", ago(10), "Active", loading_since=ago(10)),
+      M("b", 50, last_active=ago(1), force_promotion=True)], "b"),
+    ("two forced: the active one keeps the lead against equal priority",
+     [M("a", 100, "Loading", ago(3), "Active", force_promotion=True),
+      M("b", 100, last_active=ago(1), force_promotion=True)], "a"),
+    ("two forced: a higher priority takes over, cooldown or not",
+     [M("a", 100, "Ready", ago(3), "Active", force_promotion=True),
+      M("b", 200, last_active=ago(1), preempted_at=ago(10), force_promotion=True)], "b"),
+    ("two forced, neither active: the better one",
+     [M("a", 100, "Ready", ago(3), "Active"), M("b", 100, last_active=ago(1), force_promotion=True),
+      M("c", 100, last_active=ago(2), force_promotion=True)], "b"),
+    # a demanded model whose cache is not ready cannot preempt a ready leader
+    ("uncached demand cannot preempt an idle ready leader",
+     [M("a", 100, "Ready", ago(500)), M("b", 100, last_active=ago(1), cache_ready=False)], "a"),
+    ("uncached higher-priority demand cannot preempt a busy ready leader",
+     [M("a", 100, "Ready", ago(10)), M("b", 500, last_active=ago(1), cache_ready=False)], "a"),
+    ("the best cached demand preempts instead",
+     [M("a", 100, "Ready", ago(500)), M("b", 500, last_active=ago(1), cache_ready=False),
+      M("c", 100, last_active=ago(2))], "c"),
+    # an Active Pending/Loading member keeps the lead within its coldStartTimeout
+    ("loading leader holds against newer demand",
+     [M("a", 100, "Loading", ago(20), "Active", loading_since=ago(20)), M("b", 100, last_active=ago(1))], "a"),
+    ("pending leader holds against higher-priority demand",
+     [M("a", 100, "Pending", ago(20), "Active", loading_since=ago(20)), M("b", 900, last_active=ago(1))], "a"),
+    ("hold at exactly the timeout",
+     [M("a", 100, "Loading", ago(60), "Active", loading_since=ago(60)), M("b", 900, last_active=ago(1))], "a"),
+    ("hold follows the member's coldStartTimeout",
+     [M("a", 100, "Loading", ago(200), "Active", loading_since=ago(200), cold_start_timeout=300),
+      M("b", 900, last_active=ago(1))], "a"),
+    ("hold beats a ready idle member", [M("a", 100, "Loading", ago(200), "Active", loading_since=ago(5)),
+                                        M("b", 100, "Ready", ago(400)), M("c", 300, last_active=ago(1))], "a"),
+]
+
+LATE_BOUNDS: list[tuple[str, list[Member], str | None]] = [
+    ("ready beats primary", [M("a", 50, "Ready"), M("p", 900, primary=True)], "a"),
+    ("recent beats primary", [M("a", 50, last_active=ago(200)), M("p", 900, primary=True)], "a"),
+    ("demand beats an idle primary", [M("a", 50, last_active=ago(1)), M("p", 900, primary=True)], "a"),
+    ("forced without demand is not forced",
+     [M("a", 100, "Ready", ago(500), "Active"), M("b", 900, preempted_at=ago(60), force_promotion=True)], "a"),
+    ("forced demand past the window is not forced",
+     [M("a", 100, "Ready", ago(5), "Active"), M("b", 900, last_active=ago(121), force_promotion=True)], "a"),
+    ("forced with an uncached model waits",
+     [M("a", 100, "Ready", ago(5), "Active"), M("b", 100, last_active=ago(1), force_promotion=True,
+                                                cache_ready=False)], "a"),
+    ("uncached demand leads when nobody is ready",
+     [M("a", 100, last_active=ago(500)), M("b", 100, last_active=ago(1), cache_ready=False)], "b"),
+    ("hold over after the timeout",
+     [M("a", 100, "Loading", ago(61), "Active", loading_since=ago(61)), M("b", 900, last_active=ago(1))], "b"),
+    ("a loading member that is not active holds nothing",
+     [M("a", 100, "Loading", ago(20), "Queued", loading_since=ago(20)), M("b", 900, last_active=ago(1))], "b"),
+    ("no load start known: no hold (the local runtime)",
+     [M("a", 100, "Loading", ago(20), "Active"), M("b", 900, last_active=ago(1))], "b"),
+    ("a ready member holds nothing",
+     [M("a", 100, "Ready", ago(400), "Active", loading_since=ago(5)), M("b", 100, last_active=ago(1))], "b"),
+]
+
 @pytest.mark.parametrize(("members", "leader"), [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
 def test_choose_leader(members: list[Member], leader: str | None) -> None:
     assert choose_leader(members, NOW) == leader
@@ -80,8 +161,31 @@ def test_case_count() -> None:
     assert len(CASES) >= 30
 
 
+@pytest.mark.parametrize(("members", "leader"), [(c[1], c[2]) for c in LATE + LATE_BOUNDS],
+                         ids=[c[0] for c in LATE + LATE_BOUNDS])
+def test_late_refinements(members: list[Member], leader: str | None) -> None:
+    assert choose_leader(members, NOW) == leader
+
+
+def test_late_refinements_change_the_choice() -> None:
+    """Without the refinements' fields (the defaults), every LATE case chooses another leader."""
+    from dataclasses import replace
+
+    for name, members, leader in LATE:
+        plain = [replace(m, force_promotion=False, primary=False, cache_ready=True, loading_since=None)
+                 for m in members]
+        assert choose_leader(plain, NOW) != leader, name
+
+
+def test_member_defaults_refine_nothing() -> None:
+    m = M("a", phase="Loading", state="Active")
+    assert (m.force_promotion, m.primary, m.cache_ready, m.loading_since) == (False, False, True, None)
+    assert not holds(m, NOW)
+    assert holds(M("a", phase="Pending", state="Active", loading_since=ago(1)), NOW)
+
+
 def test_order_independent() -> None:
-    for _, members, leader in CASES:
+    for _, members, leader in CASES + LATE + LATE_BOUNDS:
         assert choose_leader(list(reversed(members)), NOW) == leader
 
 
