@@ -11,8 +11,10 @@ Modules (see ``docs/http-core-contract.md`` for the interface):
 - ``request.py``: ``Request`` and ``ResponseWriter``, the per-request objects.
 - ``flow.py``: backpressure both ways (pause/resume reading, drain writing).
 - ``responses.py``: status lines, header bytes, OpenAI error bodies, SSE framing, made ahead.
-- ``client.py``: upstream keep-alive pools, canonical request serialization, strict response parsing,
-  timeouts and ``relay()``.
+- ``client.py``: upstream keep-alive pools, one exchange per connection, strict response parsing and
+  timeouts; re-exports the names of ``upstream.py``.
+- ``upstream.py``: upstream error types, canonical request serialization, ``UpstreamResponse`` and
+  ``relay()``.
 
 Nothing is imported here, so importing one module does not pull in the others.
 """

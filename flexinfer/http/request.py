@@ -3,7 +3,14 @@
 
 Owns: response heads (status line from the prebuilt table, the cached Date, the caller's headers
 minus the framing ones the core owns, framing, Connection), chunked framing of body pieces, the
-Content-Length bookkeeping of streamed bodies and the on_disconnect callbacks.
+Content-Length bookkeeping of streamed bodies, the on_disconnect callbacks and the cancelling of
+the handler's task when the client goes away.
+
+Syscalls: a head leaves together with the first body bytes written after it. A Content-Length head
+waits for them (or end()); a streamed head (chunked or close-delimited) waits at most until the
+end of the current event-loop iteration (``call_soon``), so a stream's head is never held across a
+wait. :meth:`ResponseWriter.writelines` sends pieces that are ready together (and, with ``end``,
+the terminating chunk) in one transport call.
 Must not: parse requests or decide what comes next on the connection (protocol.py does; the
 writer reports back through ``_response_done`` / ``_abort_connection``). Re-exported by protocol.py.
 """
@@ -78,9 +85,9 @@ class Request:
 class ResponseWriter:
     """Writes one response; responses of a connection leave in request order."""
 
-    __slots__ = ("_callbacks", "_chunked", "_close_delimited", "_flow", "_head_only", "_keep_alive",
-                 "_pending_head", "_proto", "_remaining", "_task", "_transport", "_v10", "disconnected",
-                 "finished", "started")
+    __slots__ = ("_callbacks", "_cancel_task", "_chunked", "_close_delimited", "_flow", "_head_only",
+                 "_keep_alive", "_pending_head", "_proto", "_remaining", "_task", "_transport", "_v10",
+                 "disconnected", "finished", "started")
 
     def __init__(self, proto: HttpProtocol, req: Request) -> None:
         self._proto = proto
@@ -92,10 +99,11 @@ class ResponseWriter:
         self._chunked = False
         self._close_delimited = False
         self._remaining: int | None = None
-        # the head of a Content-Length response waits for the first body piece so both leave in one
-        # send (one syscall less per response); chunked/SSE heads are written at once
+        # the head waits for the first body piece so both leave in one send (one syscall less per
+        # response); a streamed head is flushed at the end of the loop iteration at the latest
         self._pending_head: bytes | None = None
         self._callbacks: list[Callable[[], None]] | None = None
+        self._cancel_task = False
         self._task: asyncio.Task[None] | None = None
         self.started = False
         self.finished = False
@@ -109,7 +117,8 @@ class ResponseWriter:
         parts = [status_line(status), DATE[0]]
         lines = 3
         for name, value in headers:
-            if name.lower() in _FRAMING:
+            # (a lower-case name, the common case, needs no lower() copy)
+            if name in _FRAMING or (not name.islower() and name.lower() in _FRAMING):
                 continue
             parts += (name, b": ", value, b"\r\n")
             lines += 1
@@ -195,9 +204,17 @@ class ResponseWriter:
             self._chunked = True
         head = self._build_head(status, headers, framing)
         self.started = True
-        if self._remaining and not self._head_only:
-            self._pending_head = head
-        else:
+        if self._head_only or self._remaining == 0:
+            self._transport.write(head)
+            return
+        self._pending_head = head
+        if self._remaining is None:  # streamed: never held across a wait
+            self._proto._loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head = self._pending_head
+        if head is not None and self._remaining is None and not self.disconnected:
+            self._pending_head = None
             self._transport.write(head)
 
     def write(self, data: bytes) -> None:
@@ -208,7 +225,14 @@ class ResponseWriter:
             return
         if self._chunked:
             n = len(data)
-            if n < 16 * KiB:
+            head = self._pending_head
+            if head is not None:
+                self._pending_head = None
+                if n < 16 * KiB:
+                    self._transport.write(b"%b%x\r\n%b\r\n" % (head, n, data))
+                else:
+                    self._transport.writelines((head, b"%x\r\n" % n, data, b"\r\n"))
+            elif n < 16 * KiB:
                 self._transport.write(b"%x\r\n%b\r\n" % (n, data))
             else:
                 self._transport.writelines((b"%x\r\n" % n, data, b"\r\n"))
@@ -228,6 +252,52 @@ class ResponseWriter:
             return
         self._transport.write(data)
 
+    def writelines(self, pieces: list[bytes], *, end: bool = False) -> None:
+        """Body pieces that are ready together: framed as one chunk and handed to the transport in
+        one call. ``end=True`` finishes the response in the same call (as :meth:`end` would)."""
+        if self.finished:
+            return
+        if not self.started:
+            raise RuntimeError("write() before start()")
+        if self.disconnected or self._head_only:
+            if end:
+                self.end()
+            return
+        total = 0
+        for piece in pieces:
+            total += len(piece)
+        rem = self._remaining
+        if rem is not None:
+            if total > rem:
+                raise ValueError("body longer than the declared Content-Length")
+            rem = self._remaining = rem - total
+        parts: list[bytes] = []
+        head = self._pending_head
+        if head is not None:
+            self._pending_head = None
+            parts.append(head)
+        if total:
+            if self._chunked:
+                parts.append(b"%x\r\n" % total)
+                parts += pieces
+                parts.append(b"\r\n")
+            else:
+                parts += pieces
+        if end:
+            self.finished = True
+            if self._chunked:
+                parts.append(LAST_CHUNK)
+        if parts:
+            if total < 16 * KiB:
+                self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+            else:
+                self._transport.writelines(parts)
+        if end:
+            if rem:  # fewer bytes than declared: the only honest ending is a close
+                self._proto._abort_connection()
+            else:
+                self._proto._response_done(self)
+
     def end(self) -> None:
         """Finish the response (terminating chunk); the connection goes on with the next request."""
         if self.finished:
@@ -237,15 +307,18 @@ class ResponseWriter:
         self.finished = True
         if self.disconnected:
             return
-        if self._pending_head is not None:
-            self._transport.write(self._pending_head)
+        head = self._pending_head
+        if head is not None:
             self._pending_head = None
+            if self._chunked:
+                head += LAST_CHUNK
+            self._transport.write(head)
+        elif self._chunked and not self._head_only:
+            self._transport.write(LAST_CHUNK)
         if self._remaining and not self._head_only:
             # fewer bytes than declared: the only honest ending is a close
             self._proto._abort_connection()
             return
-        if self._chunked and not self._head_only:
-            self._transport.write(LAST_CHUNK)
         self._proto._response_done(self)
 
     def abort(self) -> None:
@@ -254,6 +327,7 @@ class ResponseWriter:
             return
         self.started = self.finished = True
         if not self.disconnected:
+            self._flush_head()  # a streamed head leaves (as it always did); a Content-Length one never
             self._proto._abort_connection()
 
     async def drain(self) -> None:
@@ -275,13 +349,31 @@ class ResponseWriter:
         else:
             self._callbacks.append(cb)
 
+    def cancel_on_disconnect(self) -> None:
+        """Cancel the task running the handler once if the client goes away before end() (at once
+        if it already has), before any on_disconnect callback runs."""
+        if self.disconnected:
+            if not self.finished:
+                self._cancel_handler()
+            return
+        self._cancel_task = True
+
+    def _cancel_handler(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
     def _client_lost(self) -> None:
         if self.disconnected:
             return
         self.disconnected = True
         cbs = self._callbacks
         self._callbacks = None
-        if self.finished or not cbs:
+        if self.finished:
+            return
+        if self._cancel_task:
+            self._cancel_handler()
+        if not cbs:
             return
         for cb in cbs:
             try:

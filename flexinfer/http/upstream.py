@@ -1,0 +1,388 @@
+"""The message side of the upstream (backend) client: error types, canonical request serialization
+and :class:`UpstreamResponse`, a response head with its body as it arrives.
+
+Owns: :func:`serialize_request` (request line, end-to-end headers, Host and Content-Length added
+here; hop-by-hop headers and those named in ``Connection`` dropped; never raw client bytes; names,
+methods and targets checked once and remembered in bounded caches), the :class:`UpstreamError`
+tree, and the consumer side of a response body: ``read``, ``read_all`` and
+:meth:`UpstreamResponse.relay`, which hands the body pieces of each upstream read straight to the
+client writer from the connection's ``data_received`` (one writer call per read: ``write`` for a
+lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
+and pauses the upstream socket while the client is slow.
+Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
+through ``_on_piece`` / ``_flush_batch`` / ``_on_complete`` / ``_on_error``). Import these names
+from ``flexinfer.http.client``, which re-exports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flexinfer.http.flow import ClientGone
+
+if TYPE_CHECKING:
+    from flexinfer.http.client import _Conn
+    from flexinfer.http.protocol import ResponseWriter
+
+__all__ = [
+    "HOP_BY_HOP",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamResponse",
+    "UpstreamTimeout",
+    "serialize_request",
+]
+
+#: Dropped from forwarded requests (plus every header named in ``Connection``).
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                        b"transfer-encoding", b"upgrade"})
+# set by the client itself (Host, Content-Length) or meaningless once the body is buffered (Expect)
+_CLIENT_SET = frozenset({b"host", b"content-length", b"expect"})
+_NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-zA-Z]+")
+_TARGET = re.compile(rb"[!-~]+")
+#: raw header name -> the lower-case name to send, _DROP (hop-by-hop or set by the client) or
+#: _BAD (not a token); bounded like the caches below
+_names: dict[bytes, bytes] = {}
+_DROP = b"\x00drop"
+_BAD = b"\x00bad"
+#: methods and request targets already checked, str -> ASCII bytes (bounded like _valid_names)
+_valid_methods: dict[str, bytes] = {}
+_valid_targets: dict[str, bytes] = {}
+_VALID_MAX = 4096
+
+
+def _checked(value: str, cache: dict[str, bytes], pattern: re.Pattern[bytes]) -> bytes:
+    """``value`` as ASCII bytes once it fully matches ``pattern`` (ValueError otherwise), cached."""
+    raw = cache.get(value)
+    if raw is not None:
+        return raw
+    try:
+        raw = value.encode("ascii")
+    except UnicodeEncodeError:
+        raise ValueError("method and path must be ASCII") from None
+    if not pattern.fullmatch(raw):
+        raise ValueError("invalid method or request target")
+    if len(cache) < _VALID_MAX:
+        cache[value] = raw
+    return raw
+
+
+class UpstreamError(Exception):
+    """The backend failed. ``reason`` is a metric label; ``sent`` tells whether any request byte
+    reached the socket (never replay the request then)."""
+
+    def __init__(self, message: str, *, reason: str, sent: bool) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.sent = sent
+
+
+class UpstreamConnectError(UpstreamError):
+    """Could not connect (refused, unreachable, connect timeout): nothing was sent, safe to try
+    another replica. ``reason`` is ``connect_refused`` or ``connect_timeout``."""
+
+    def __init__(self, message: str, *, reason: str = "connect_refused") -> None:
+        super().__init__(message, reason=reason, sent=False)
+
+
+class UpstreamTimeout(UpstreamError):
+    """``response_timeout`` (no response head in time) or ``idle_timeout`` (silence inside a body)."""
+
+
+def serialize_request(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                      host_line: bytes) -> bytes:
+    """Canonical request head: request line, end-to-end headers (names lower-cased), Host, then
+    Content-Length (always with a body, and for methods that carry one). ValueError on a method,
+    target, name or value that would break the framing."""
+    mb = _checked(method, _valid_methods, _TOKEN)
+    pb = _checked(path, _valid_targets, _TARGET)
+    parts = [mb, b" ", pb, b" HTTP/1.1\r\n"]
+    names = _names
+    odd: list[tuple[bytes, bytes, bytes]] | None = None  # Connection headers and invalid names: rare
+    for name, value in headers:
+        lname = names.get(name)
+        if lname is None:
+            lname = _classify(name)
+        if lname is _DROP or lname is _BAD:
+            if lname is _BAD or name.lower() == b"connection":
+                if odd is None:
+                    odd = []
+                odd.append((lname, name, value))
+            continue
+        parts += (lname, b": ", value, b"\r\n")
+    if odd is not None:
+        parts = _apply_connection(parts, odd)
+    lines = len(parts) // 4
+    parts.append(host_line)
+    if body or method not in _NO_BODY_METHODS:
+        parts.append(b"content-length: %d\r\n" % len(body))
+        lines += 1
+    parts.append(b"\r\n")
+    lines += 2
+    head = b"".join(parts)
+    if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\x00" in head:
+        raise ValueError("header value contains CR, LF or NUL")
+    return head
+
+
+def _classify(name: bytes) -> bytes:
+    """The lower-case name to send, _DROP or _BAD; remembered (bounded)."""
+    lname = name.lower()
+    if lname in HOP_BY_HOP or lname in _CLIENT_SET:
+        out = _DROP
+    elif _TOKEN.fullmatch(lname):
+        out = lname
+    else:
+        out = _BAD
+    if len(_names) < _VALID_MAX:
+        _names[name] = out
+    return out
+
+
+def _apply_connection(parts: list[bytes], odd: list[tuple[bytes, bytes, bytes]]) -> list[bytes]:
+    """Drop the headers named in Connection from ``parts`` (request line + 4 parts per header);
+    ValueError for an invalid name that Connection does not name."""
+    named = {tok.strip().lower() for kind, _, value in odd if kind is _DROP for tok in value.split(b",")}
+    for kind, name, _ in odd:
+        if kind is _BAD and name.lower() not in named:
+            raise ValueError(f"invalid header name {name[:64]!r}")
+    if not named:
+        return parts
+    kept = parts[:4]
+    for i in range(4, len(parts), 4):
+        if parts[i] not in named:
+            kept += parts[i:i + 4]
+    return kept
+
+
+class UpstreamResponse:
+    """A response head from a backend, and its body as it arrives."""
+
+    __slots__ = ("_batch", "_buffered", "_client_gone", "_conn", "_done_arg", "_done_cb", "_eof", "_error",
+                 "_high", "_loop", "_pieces", "_relayed", "_sink", "_sink_error", "_waiter", "chunked",
+                 "content_length", "headers", "status")
+
+    def __init__(self, conn: _Conn, status: int, headers: list[tuple[bytes, bytes]],
+                 content_length: int | None, chunked: bool) -> None:
+        self.status = status
+        self.headers = headers
+        self.content_length = content_length
+        self.chunked = chunked
+        self._conn: _Conn | None = conn
+        self._loop = conn.loop
+        self._high = conn.pool._settings.read_buffer_high
+        self._pieces: deque[bytes] = deque()
+        self._buffered = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._sink: ResponseWriter | None = None
+        self._batch: list[bytes] | None = None  # pieces of the current upstream read, for the sink
+        self._sink_error: BaseException | None = None
+        self._relayed = 0
+        self._client_gone = False
+        self._done_cb: Callable[[Any], None] | None = None
+        self._done_arg: Any = None
+
+    def __repr__(self) -> str:
+        return f"<UpstreamResponse {self.status} cl={self.content_length} chunked={self.chunked}>"
+
+    # ---- fed by the connection ----------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def _on_piece(self, piece: bytes) -> None:
+        """A body piece while nobody relays (relayed pieces go to ``_batch``, see _Conn.on_body)."""
+        self._pieces.append(piece)
+        self._buffered += len(piece)
+        if self._buffered > self._high:
+            conn = self._conn
+            if conn is not None:
+                conn.pause_reading()
+        self._wake()
+
+    def _flush_batch(self) -> None:
+        """Hand the pieces of one upstream read to the sink in one call; when the read completed the
+        body, the response is ended in the same call."""
+        batch = self._batch
+        self._batch = None
+        sink = self._sink
+        if not batch or sink is None:
+            return
+        end = self._eof
+        try:
+            if not end and len(batch) == 1:
+                sink.write(batch[0])  # the common case of a paced stream: one event per read
+            else:
+                sink.writelines(batch, end=end)
+        except Exception as exc:  # e.g. more bytes than the Content-Length the caller declared
+            self._sink_error = exc
+            self.close()
+            self._wake()
+            return
+        for piece in batch:
+            self._relayed += len(piece)
+        if not end and sink._flow.write_paused:
+            conn = self._conn
+            if conn is not None:
+                conn.pause_reading()
+
+    def _on_complete(self) -> None:
+        self._eof = True
+        self._conn = None
+        cb = self._done_cb
+        if cb is not None:  # before the relay's last write: the caller's bookkeeping is done first
+            self._done_cb = None
+            cb(self._done_arg)
+        self._wake()
+
+    def when_complete(self, cb: Callable[[Any], None], arg: Any) -> None:
+        """Call ``cb(arg)`` once, as soon as the whole body has arrived from the backend (at once if
+        it already has), before the relay hands the last bytes to the client. Not called when the
+        body fails; :meth:`complete_notified` tells the caller whether it ran."""
+        if self._eof:
+            cb(arg)
+        else:
+            self._done_cb = cb
+            self._done_arg = arg
+
+    @property
+    def complete_notified(self) -> bool:
+        """True once the ``when_complete`` callback has run (or the body was complete when it was set)."""
+        return self._eof and self._done_cb is None
+
+    def _on_error(self, exc: BaseException) -> None:
+        if self._eof or self._error is not None:
+            return
+        self._error = exc
+        self._conn = None
+        self._wake()
+
+    # ---- consumer API -------------------------------------------------------------------------
+    async def read(self) -> bytes:
+        """The next piece of the (de-chunked) body as it arrived; ``b""`` at the end."""
+        while True:
+            pieces = self._pieces
+            if pieces:
+                piece = pieces.popleft()
+                self._buffered -= len(piece)
+                conn = self._conn
+                if conn is not None and conn.paused and self._buffered <= self._high // 2:
+                    conn.resume_reading()
+                return piece
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            if self._sink is not None:
+                raise RuntimeError("relay() is consuming this response")
+            waiter = self._waiter = self._loop.create_future()
+            await waiter
+
+    async def read_all(self, limit: int) -> bytes:
+        """The whole body; UpstreamError(reason="protocol") past ``limit`` bytes."""
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            piece = await self.read()
+            if not piece:
+                return b"".join(parts)
+            total += len(piece)
+            if total > limit:
+                self.close()
+                raise UpstreamError(f"response body over {limit} bytes", reason="protocol", sent=True)
+            parts.append(piece)
+
+    async def relay(self, writer: ResponseWriter) -> int:
+        """Copy the body to ``writer`` as it arrives, then end it; returns bytes relayed.
+
+        The pieces buffered before the call, then those of each upstream read, go to the writer in
+        one call (``write`` for a lone piece, else ``writelines``) from the upstream protocol's
+        ``data_received`` (no await per piece, no piece held for a later read); the call that
+        carries the body's last bytes ends the response too. While the client's write buffer is over its high-water mark the upstream
+        socket is paused. UpstreamError: the upstream failed (the writer is left as it is, so the
+        caller can add an SSE error event and abort). ClientGone: the client went away (the
+        upstream connection is closed at once)."""
+        if not writer.started:
+            raise RuntimeError("start() the response before relay()")
+        if self._sink is not None:
+            raise RuntimeError("relay() already running")
+        buffered = list(self._pieces)
+        self._pieces.clear()
+        self._buffered = 0
+        n = 0
+        for piece in buffered:
+            n += len(piece)
+        if self._error is not None:
+            if buffered:
+                writer.writelines(buffered)
+            raise self._error
+        if writer.disconnected:
+            self.close()
+            raise ClientGone()
+        if self._eof:
+            writer.writelines(buffered, end=True)
+            return n
+        if buffered:
+            writer.writelines(buffered)
+        conn = self._conn
+        assert conn is not None
+        flow = writer._flow
+        self._relayed = n
+        self._sink = writer
+        writer.on_disconnect(self._on_client_gone)
+        flow.set_listener(self._on_client_resumed)
+        try:
+            if flow.write_paused:
+                conn.pause_reading()
+            else:
+                conn.resume_reading()
+            while not self._eof:
+                if self._client_gone:
+                    raise ClientGone()
+                if self._sink_error is not None:
+                    raise self._sink_error
+                if self._error is not None:
+                    raise self._error
+                waiter = self._waiter = self._loop.create_future()
+                await waiter
+            if self._sink_error is not None:
+                raise self._sink_error
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._sink = None
+            flow.set_listener(None)
+        writer.end()
+        return self._relayed
+
+    def _on_client_gone(self) -> None:
+        self._client_gone = True
+        self.close()
+        self._wake()
+
+    def _on_client_resumed(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume_reading()
+
+    def close(self) -> None:
+        """Abandon the response: an unfinished connection is closed, never reused."""
+        self._pieces.clear()
+        self._buffered = 0
+        conn = self._conn
+        self._conn = None
+        if conn is not None:
+            conn.abandon()
+        if not self._eof and self._error is None:
+            self._error = UpstreamError("response abandoned", reason="closed", sent=True)
