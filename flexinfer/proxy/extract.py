@@ -26,13 +26,22 @@ _MODEL_KEY = b'"model"'
 _MODEL_VALUE_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _MAX_MULTIPART_PARTS = 1000
 _MAX_FIELD_BYTES = 256
+#: Model names and paths already checked and found good (the hot path sees the same few again and
+#: again); bounded, so random input cannot grow them: past the bound every check is done in full.
+_GOOD_NAMES: set[str] = set()
+_GOOD_PATHS: set[str] = set()
+_GOOD_MAX = 1024
 
 
 def check_model_name(name: str, source: str) -> str:
+    if name in _GOOD_NAMES:
+        return name
     if not _NAME_RE.match(name) or ".." in name:
         raise InvalidModelName(
             f"invalid model name from {source}: use letters, digits and . _ : / @ + - (at most 256)",
             param="model")
+    if len(_GOOD_NAMES) < _GOOD_MAX:
+        _GOOD_NAMES.add(name)
     return name
 
 
@@ -54,8 +63,12 @@ _BAD_PATH_RE = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|%25", r
 
 def check_path(path: str) -> str:
     """Refuse paths that could climb out of the API on the backend (dot segments, encoded slashes)."""
+    if path in _GOOD_PATHS:
+        return path
     if _BAD_PATH_RE.search(path):
         raise BadRequest("request path contains dot segments or encoded separators", code="invalid_path")
+    if len(_GOOD_PATHS) < _GOOD_MAX:
+        _GOOD_PATHS.add(path)
     return path
 
 

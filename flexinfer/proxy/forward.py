@@ -130,12 +130,15 @@ class Forwarder:
     async def forward(self, req: Request, resp: ResponseWriter, ctx: Any, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
         metrics = self.metrics
-        duration, ttfb, in_flight = metrics.per_model(view.name)
+        stats = metrics.model(view.name)
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
-        in_flight.inc()
+        stats.in_flight += 1
         try:
             up, ep, strategy, source = await self._send(
                 req, f"{ctx.path}?{req.query}" if req.query else ctx.path, view, data, headers, body)
+            # the replica's load drops when its answer is complete, before the client has the last
+            # byte: a client's next request (same session) sees the replica idle, not still busy
+            up.when_complete(self.router.release, ep)
             try:
                 if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
                     if up.status != 200:
@@ -146,7 +149,7 @@ class Forwarder:
                     if self.settings.route_header:
                         extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
                     resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
-                ttfb.observe(time.perf_counter() - ctx.t0)
+                stats.observe_ttfb(time.perf_counter() - ctx.t0)
                 try:
                     await up.relay(resp)
                 except UpstreamError as exc:
@@ -158,7 +161,7 @@ class Forwarder:
                     return
                 resp.end()
                 metrics.count(view.name, up.status)
-                duration.observe(time.perf_counter() - ctx.t0)
+                stats.observe_duration(time.perf_counter() - ctx.t0)
             except ClientGone:
                 up.close()
                 metrics.client_aborts.labels(view.name).inc()
@@ -167,9 +170,10 @@ class Forwarder:
                 up.close()
                 raise
             finally:
-                self.router.release(ep)
+                if not up.complete_notified:
+                    self.router.release(ep)
         finally:
-            in_flight.dec()
+            stats.in_flight -= 1
 
 
 def sse_error(err: errors.FlexInferError) -> bytes:

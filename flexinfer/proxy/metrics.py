@@ -1,19 +1,26 @@
 """Every Prometheus object of the proxy, defined once.
 
 One :class:`ProxyMetrics` per proxy instance, each with its own registry (several proxies can run in
-one test process). Label children are cached so the hot path pays one dict lookup per observation.
-Counters of the HTTP core (connections, rejections) are plain integers read at scrape time by a
-custom collector, so the core never calls into Prometheus.
+one test process). The per-request series (requests by model and code, request duration, time to
+first byte, requests in flight) are plain integers, floats and bucket lists kept by
+:class:`ModelStats` and exported at scrape time by a custom collector with the same names, labels,
+types and samples (``_created`` included) as ``prometheus_client`` objects would give: a request
+pays a few integer additions and no lock. The rarer series stay ``prometheus_client`` objects.
+Counters of the HTTP core (connections, rejections) are plain integers read at scrape time too, so
+the core never calls into Prometheus.
 """
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 PREFIX = "flexinfer_proxy"
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -21,6 +28,77 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    60.0, 120.0, 300.0)
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+
+
+_LATENCY_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+
+
+class ModelStats:
+    """The per-request series of one model: plain numbers, written by one event loop thread.
+
+    ``in_flight`` is the gauge's value; the histograms keep one (non-cumulative) count per bucket
+    of :data:`LATENCY_BUCKETS` plus one for +Inf, and their sum.
+    """
+
+    __slots__ = ("created", "duration", "duration_sum", "in_flight", "ttfb", "ttfb_sum")
+
+    def __init__(self) -> None:
+        self.created = time.time()
+        self.in_flight = 0
+        self.duration = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.duration_sum = 0.0
+        self.ttfb = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.ttfb_sum = 0.0
+
+    def observe_duration(self, seconds: float) -> None:
+        self.duration[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.duration_sum += seconds
+
+    def observe_ttfb(self, seconds: float) -> None:
+        self.ttfb[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.ttfb_sum += seconds
+
+
+def _cumulative(counts: list[int]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    total = 0
+    for le, n in zip(_LATENCY_LE, counts, strict=True):
+        total += n
+        out.append((le, total))
+    return out
+
+
+class _RequestCollector(Collector):
+    """Exports the plain per-request numbers of :class:`ProxyMetrics` at scrape time."""
+
+    def __init__(self, owner: ProxyMetrics) -> None:
+        self._owner = owner
+
+    def collect(self) -> Iterator[Any]:
+        owner = self._owner
+        requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests answered, by model and status code.",
+                                       labels=["model", "code"])
+        for (model, code), n in list(owner._requests.items()):
+            requests.add_metric([model, str(code)], n, created=owner._requests_created[(model, code)])
+        yield requests
+        models = list(owner._models.items())
+        yield _histogram(f"{PREFIX}_request_duration_seconds", "Time from request to last byte.",
+                         [(m, st.duration, st.duration_sum, st.created) for m, st in models])
+        yield _histogram(f"{PREFIX}_time_to_first_byte_seconds",
+                         "Time from request to the response head sent to the client.",
+                         [(m, st.ttfb, st.ttfb_sum, st.created) for m, st in models])
+        g = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Requests being proxied.", labels=["model"])
+        for m, st in models:
+            g.add_metric([m], st.in_flight)
+        yield g
+
+
+def _histogram(name: str, doc: str, series: list[tuple[str, list[int], float, float]]) -> HistogramMetricFamily:
+    h = HistogramMetricFamily(name, doc, labels=["model"])
+    for model, counts, total, created in series:
+        h.add_metric([model], _cumulative(counts), total)
+        h.add_sample(f"{name}_created", {"model": model}, created)
+    return h
 
 
 class _ServerCollector(Collector):
@@ -51,15 +129,10 @@ class ProxyMetrics:
 
     def __init__(self) -> None:
         self.registry = reg = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(f"{PREFIX}_requests", "Requests answered, by model and status code.",
-                                ["model", "code"], registry=reg)
-        self.duration = Histogram(f"{PREFIX}_request_duration_seconds", "Time from request to last byte.",
-                                  ["model"], buckets=LATENCY_BUCKETS, registry=reg)
-        self.ttfb = Histogram(f"{PREFIX}_time_to_first_byte_seconds",
-                              "Time from request to the response head sent to the client.",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=reg)
-        self.in_flight = Gauge(f"{PREFIX}_requests_in_flight", "Requests being proxied.", ["model"],
-                               registry=reg)
+        self._requests: dict[tuple[str, int], int] = {}
+        self._requests_created: dict[tuple[str, int], float] = {}
+        self._models: dict[str, ModelStats] = {}
+        reg.register(_RequestCollector(self))
         self.upstream_errors = Counter(f"{PREFIX}_upstream_errors", "Upstream failures by reason.",
                                        ["reason"], registry=reg)
         self.upstream_retries = Counter(f"{PREFIX}_upstream_retries",
@@ -84,28 +157,27 @@ class ProxyMetrics:
         self.activation_duration = Histogram(f"{PREFIX}_activation_duration_seconds",
                                              "Time from wake to ready.", ["model", "result"],
                                              buckets=QUEUE_BUCKETS, registry=reg)
-        self._req_children: dict[tuple[str, int], Any] = {}
-        self._model_children: dict[str, tuple[Any, Any, Any]] = {}
         self._stats_source: Callable[[], Any] = lambda: None
         reg.register(_ServerCollector(lambda: self._stats_source()))
 
     def bind_server_stats(self, source: Callable[[], Any]) -> None:
         self._stats_source = source
 
-    def per_model(self, model: str) -> tuple[Any, Any, Any]:
-        """(duration, ttfb, in_flight) children for a model, cached."""
-        ch = self._model_children.get(model)
-        if ch is None:
-            ch = (self.duration.labels(model), self.ttfb.labels(model), self.in_flight.labels(model))
-            self._model_children[model] = ch
-        return ch
+    def model(self, model: str) -> ModelStats:
+        """The per-request numbers of a model (duration, ttfb, in flight), made on first use."""
+        st = self._models.get(model)
+        if st is None:
+            st = self._models[model] = ModelStats()
+        return st
 
     def count(self, model: str, code: int) -> None:
+        """One answered request of ``model`` with status ``code``."""
         key = (model, code)
-        child = self._req_children.get(key)
-        if child is None:
-            child = self._req_children[key] = self.requests.labels(model, str(code))
-        child.inc()
+        n = self._requests.get(key)
+        if n is None:
+            self._requests_created[key] = time.time()
+            n = 0
+        self._requests[key] = n + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

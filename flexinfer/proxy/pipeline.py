@@ -62,10 +62,6 @@ def new_request_id() -> bytes:
     return b"%s%016x" % (_rid_prefix, next(_rid_counter))
 
 
-def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-
-
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
@@ -175,9 +171,7 @@ class ProxyHandler:
             await self.admin.handle(req, resp)
             return
         model_label = ""
-        task = asyncio.current_task()
-        if task is not None:
-            resp.on_disconnect(lambda: _cancel(task))  # stop waiting/forwarding the moment the client leaves
+        resp.cancel_on_disconnect()  # stop waiting/forwarding the moment the client leaves
         try:
             if self.draining:
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
@@ -226,7 +220,7 @@ class ProxyHandler:
         except FlexInferError as exc:
             self._error(resp, ctx, exc, model_label)
         except asyncio.CancelledError:
-            # the client went away while we waited (our on_disconnect callback cancelled us)
+            # the client went away while we waited (the writer cancelled us: cancel_on_disconnect)
             self.metrics.client_aborts.labels(model_label).inc()
             self.metrics.count(model_label, 499)
             if not resp.finished:

@@ -1,0 +1,58 @@
+"""The per-request series kept as plain numbers export exactly what prometheus_client objects with
+the same names, labels and buckets would (``_created`` values aside)."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from flexinfer.proxy.metrics import LATENCY_BUCKETS, PREFIX, ProxyMetrics
+
+
+def _oracle() -> tuple[CollectorRegistry, Counter, Histogram, Histogram, Gauge]:
+    reg = CollectorRegistry()
+    requests = Counter(f"{PREFIX}_requests", "Requests answered, by model and status code.",
+                       ["model", "code"], registry=reg)
+    duration = Histogram(f"{PREFIX}_request_duration_seconds", "Time from request to last byte.",
+                         ["model"], buckets=LATENCY_BUCKETS, registry=reg)
+    ttfb = Histogram(f"{PREFIX}_time_to_first_byte_seconds",
+                     "Time from request to the response head sent to the client.",
+                     ["model"], buckets=LATENCY_BUCKETS, registry=reg)
+    in_flight = Gauge(f"{PREFIX}_requests_in_flight", "Requests being proxied.", ["model"], registry=reg)
+    return reg, requests, duration, ttfb, in_flight
+
+
+def _section(text: str, names: tuple[str, ...]) -> str:
+    """The lines of ``names`` only, with ``_created`` values masked."""
+    lines = [line for line in text.splitlines()
+             if any(line.startswith((n, f"# HELP {n} ", f"# TYPE {n} ")) for n in names)]
+    return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", "\n".join(lines))
+
+
+def test_plain_series_match_prometheus_client() -> None:
+    reg, requests, duration, ttfb, in_flight = _oracle()
+    m = ProxyMetrics()
+    for model, value in (("a", 0.0005), ("a", 0.001), ("a", 0.0011), ("b", 0.7), ("a", 400.0), ("b", 5.0)):
+        duration.labels(model).observe(value)
+        ttfb.labels(model).observe(value / 3)
+        in_flight.labels(model).inc()
+        st = m.model(model)
+        st.observe_duration(value)
+        st.observe_ttfb(value / 3)
+        st.in_flight += 1
+    in_flight.labels("b").dec()
+    m.model("b").in_flight -= 1
+    in_flight.labels("idle")
+    m.model("idle")  # a model seen but never observed: zero series, as a fresh child
+    duration.labels("idle")
+    ttfb.labels("idle")
+    for model, code in (("a", 200), ("a", 200), ("", 404), ("b", 502)):
+        requests.labels(model, str(code)).inc()
+        m.count(model, code)
+    names = (f"{PREFIX}_requests", f"{PREFIX}_request_duration_seconds", f"{PREFIX}_time_to_first_byte_seconds",
+             f"{PREFIX}_requests_in_flight")
+    want = _section(generate_latest(reg).decode(), names)
+    got = _section(m.render().decode(), names)
+    assert got == want
+    assert 'flexinfer_proxy_requests_total{code="200",model="a"} 2.0' in got
