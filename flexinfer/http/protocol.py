@@ -69,8 +69,9 @@ _IDLE, _HEAD, _BODY, _CHUNKED = 0, 1, 2, 3
 _DL_FRESH, _DL_KEEPALIVE, _DL_HEADER, _DL_BODY, _DL_LINGER, _DL_WRITE = 1, 2, 3, 4, 5, 6
 
 # headers the core interprets
-_H_HOST, _H_CL, _H_TE, _H_UPGRADE, _H_EXPECT, _H_CT = 1, 2, 3, 4, 5, 6
+_H_HOST, _H_CL, _H_TE, _H_UPGRADE, _H_EXPECT, _H_CT, _H_CONN = 1, 2, 3, 4, 5, 6, 7
 _SPECIAL = {
+    b"connection": _H_CONN,
     b"host": _H_HOST,
     b"content-length": _H_CL,
     b"transfer-encoding": _H_TE,
@@ -84,6 +85,17 @@ _NAMES: dict[bytes, tuple[bytes, int]] = {}
 _NAMES_MAX = 2048
 _METHODS = {m.encode(): m for m in (
     "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE")}
+
+
+def _keeps_alive_10(conn: bytes | None) -> bool:
+    """Whether an HTTP/1.0 request's Connection header asks to persist (RFC 9112 §9.3): the
+    ``keep-alive`` option and no ``close``. llhttp's should_keep_alive() also honours the
+    non-standard ``Proxy-Connection: keep-alive`` and lets ``keep-alive`` win over ``close``, so a
+    strict parser (h11) would end the connection where we read on."""
+    if conn is None:
+        return False
+    tokens = {t.strip().lower() for t in conn.split(b",")}
+    return b"keep-alive" in tokens and b"close" not in tokens
 
 
 class _Reject(Exception):
@@ -112,6 +124,7 @@ class HttpProtocol(asyncio.Protocol):
 
     __slots__ = (
         "_active",
+        "_cb_exc",
         "_closing",
         "_dl_kind",
         "_feed_len",
@@ -172,6 +185,7 @@ class HttpProtocol(asyncio.Protocol):
         self._lingered = 0
         self._lost = False
         self._write_wait = False
+        self._cb_exc: BaseException | None = None
         self.deadline = 0.0
         self._dl_kind = 0
         self._reset_message()
@@ -265,7 +279,11 @@ class HttpProtocol(asyncio.Protocol):
     def _parse_failed(self, exc: Exception) -> None:
         """THE place where a parse failure becomes a response."""
         if isinstance(exc, httptools.HttpParserCallbackError):
-            ctx = exc.__context__
+            # the callback's own record: httptools hands it over as __context__, which Python
+            # overwrites when feed_data runs inside an ``except`` block (a handler answering from
+            # one feeds the bytes pipelined behind its request)
+            ctx = self._cb_exc or exc.__context__
+            self._cb_exc = None
             if isinstance(ctx, _Reject):
                 self._reject(ctx.reason, ctx.err)
             elif isinstance(ctx, _Stop):
@@ -283,9 +301,14 @@ class HttpProtocol(asyncio.Protocol):
             log.error("request parser failed", exc_info=exc)
             self._reject("internal_error")
 
+    def _cb_failed(self, exc: BaseException) -> BaseException:
+        """Remember why a parser callback is about to raise ``exc`` (see _parse_failed)."""
+        self._cb_exc = exc
+        return exc
+
     def on_message_begin(self) -> None:
         if len(self._queue) >= PIPELINE_MAX:
-            raise _Reject("pipeline_overflow")
+            raise self._cb_failed(_Reject("pipeline_overflow"))
         self._phase = _HEAD
         self._raw = self._feed_len
         self._reset_message()
@@ -296,7 +319,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_url(self, piece: bytes) -> None:
         n = self._url_len + len(piece)
         if n > self._max_url:
-            raise _Reject("uri_too_long")
+            raise self._cb_failed(_Reject("uri_too_long"))
         self._url_len = n
         self._url = self._url + piece if self._url else piece
 
@@ -307,23 +330,23 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._headers
         headers.append((name, value))
         if len(headers) > self._max_headers:
-            raise _Reject("too_many_headers")
+            raise self._cb_failed(_Reject("too_many_headers"))
 
     def on_headers_complete(self) -> None:
         p = self._parser
         version = p.get_http_version()
         if version != "1.1" and version != "1.0":
-            raise _Reject("version_not_supported")
+            raise self._cb_failed(_Reject("version_not_supported"))
         mb = p.get_method()
         method = _METHODS.get(mb) or mb.decode("ascii", "replace")
         if method == "CONNECT":
-            raise _Reject("method_not_allowed")
+            raise self._cb_failed(_Reject("method_not_allowed"))
         # (an Upgrade header is refused below, CONNECT above: llhttp's upgrade flag needs one of them)
         url = self._url
         if url[:1] != b"/" and not (url == b"*" and method == "OPTIONS"):
-            raise _Reject("bad_target")
+            raise self._cb_failed(_Reject("bad_target"))
         if b"#" in url or not url.isascii():
-            raise _Reject("bad_target")
+            raise self._cb_failed(_Reject("bad_target"))
         raw = self._headers
         self._headers = []
         headers: list[tuple[bytes, bytes]] = []
@@ -335,6 +358,7 @@ class HttpProtocol(asyncio.Protocol):
         te: bytes | None = None
         expect = False
         ctype = b""
+        conn: bytes | None = None
         names = _NAMES
         for name, value in raw:
             total += len(name) + len(value)
@@ -342,13 +366,13 @@ class HttpProtocol(asyncio.Protocol):
             if known is None:
                 lname = name.lower()
                 if b"_" in lname:
-                    raise _Reject("bad_header_name")
+                    raise self._cb_failed(_Reject("bad_header_name"))
                 known = (lname, special.get(lname, 0))
                 if len(names) < _NAMES_MAX:
                     names[name] = known
             name, kind = known
             if not value.isascii():
-                raise _Reject("bad_header_value")
+                raise self._cb_failed(_Reject("bad_header_value"))
             if value and (value[-1] == 32 or value[-1] == 9):
                 value = value.rstrip(b" \t")
             if kind:
@@ -356,48 +380,57 @@ class HttpProtocol(asyncio.Protocol):
                     hosts += 1
                 elif kind == _H_CL:
                     if cl is not None:
-                        raise _Reject("bad_framing")
+                        raise self._cb_failed(_Reject("bad_framing"))
                     cl = value
                 elif kind == _H_TE:
                     if te is not None:
-                        raise _Reject("bad_framing")
+                        raise self._cb_failed(_Reject("bad_framing"))
                     te = value
                 elif kind == _H_UPGRADE:
-                    raise _Reject("upgrade_rejected")
+                    raise self._cb_failed(_Reject("upgrade_rejected"))
                 elif kind == _H_EXPECT:
                     expect = value.lower() == b"100-continue"
+                elif kind == _H_CONN:
+                    conn = value if conn is None else conn + b"," + value
                 else:
                     ctype = value
             append((name, value))
         if total > self._max_hdr_bytes:
-            raise _Reject("header_too_large")
+            raise self._cb_failed(_Reject("header_too_large"))
         if hosts != 1 and (hosts > 1 or version == "1.1"):
-            raise _Reject("bad_host")
+            raise self._cb_failed(_Reject("bad_host"))
         chunked = False
         length = 0
         if te is not None:
             if cl is not None or version == "1.0" or te.lower() != b"chunked":
-                raise _Reject("bad_framing")
+                raise self._cb_failed(_Reject("bad_framing"))
             chunked = True
         elif cl is not None:
             if not cl.isdigit() or len(cl) > 18:
-                raise _Reject("bad_framing")
+                raise self._cb_failed(_Reject("bad_framing"))
             length = int(cl)
         if ctype:
             ctype = ctype.split(b";", 1)[0].strip().lower()
         s = self._settings
         limit = s.max_body_multipart if ctype == b"multipart/form-data" else s.max_body_json
         if length > limit:
-            raise _Reject("body_too_large")
+            raise self._cb_failed(_Reject("body_too_large"))
         if self._server.draining:
-            raise _Reject("shutting_down")
+            raise self._cb_failed(_Reject("shutting_down"))
         path, _, query = url.partition(b"?")
+        keep_alive = p.should_keep_alive()
+        if keep_alive and version == "1.0" and not _keeps_alive_10(conn):
+            keep_alive = False
         req = Request(method, url, path.decode("ascii"), query.decode("ascii") if query else "", version,
-                      headers, p.should_keep_alive(), self._peer, ctype)
+                      headers, keep_alive, self._peer, ctype)
         req._limit = limit
-        err = self._handler.on_headers(req)
+        try:
+            err = self._handler.on_headers(req)
+        except Exception as exc:
+            self._cb_failed(exc)
+            raise
         if err is not None:
-            raise _Reject(None, err)
+            raise self._cb_failed(_Reject(None, err))
         self._req = req
         if chunked or length:
             self._phase = _CHUNKED if chunked else _BODY
@@ -419,7 +452,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         n = req._body_len + len(piece)
         if n > req._limit:
-            raise _Reject("body_too_large")
+            raise self._cb_failed(_Reject("body_too_large"))
         req._body_len = n
         req._parts.append(piece)
         self._raw = 0
@@ -441,7 +474,7 @@ class HttpProtocol(asyncio.Protocol):
             self._queue.append(req)
         if not req.keep_alive:
             self._closing = True
-            raise _Stop()
+            raise self._cb_failed(_Stop())
 
     # ---- handling ---------------------------------------------------------------------------
     def _start(self, req: Request) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
+from flexinfer.http.protocol import Request, ResponseWriter
 from tests.http._support import RecordingHandler, exchange, fast_settings, parse_responses, serve
 
 P = b"POST / HTTP/1.1\r\nHost: a\r\n"
@@ -220,3 +221,65 @@ async def test_m67_one_byte_per_tick_hits_header_deadline() -> None:
         assert 0.25 <= took < 3.0  # the 10 s default would be far later; slack for loaded CI
         assert handler.seen_headers == [] and handler.handled == []
         assert server.stats.rejections == {"header_timeout": 1}
+
+
+@pytest.mark.parametrize("conn", [b"Proxy-Connection: keep-alive\r\n", b"Connection: close, keep-alive\r\n", b""],
+                         ids=["proxy-connection", "close-and-keep-alive", "no-connection"])
+async def test_http10_persists_only_on_connection_keep_alive(conn: bytes) -> None:
+    """Found by the mutation run (F2): llhttp keeps an HTTP/1.0 connection open on the non-standard
+    ``Proxy-Connection: keep-alive`` and on ``Connection: close, keep-alive``; h11 and RFC 9112
+    §9.3 end it after the response. The core must not read (nor forward) the next request."""
+    handler = RecordingHandler()
+    async with serve(handler) as server:
+        ex = await exchange(server.port, b"GET /1 HTTP/1.0\r\n" + conn + b"\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        resps = parse_responses(ex.data)
+        assert [r.status for r in resps] == [200]
+        assert resps[0].header(b"connection") == b"close"
+        assert ex.eof
+        assert [r.path for r in handler.seen_headers] == ["/1"]
+
+
+async def test_http10_keep_alive_still_persists() -> None:
+    handler = RecordingHandler()
+    async with serve(handler) as server:
+        ex = await exchange(server.port, b"GET /1 HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"
+                                         b"GET /2 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        resps = parse_responses(ex.data)
+        assert [r.status for r in resps] == [200, 200]
+        assert resps[0].header(b"connection") == b"keep-alive"
+        assert [r.path for r in handler.handled] == ["/1", "/2"]
+
+
+class _AnswersInExcept(RecordingHandler):
+    """Answers ``/except`` from inside an ``except`` block, as the proxy pipeline answers its
+    errors (``except FlexInferError: resp.send_error(...)``), after a short wait."""
+
+    async def handle(self, req: Request, resp: ResponseWriter) -> None:
+        if req.path != "/except":
+            await super().handle(req, resp)
+            return
+        self.handled.append(req)
+        await asyncio.sleep(0.2)
+        try:
+            raise LookupError("no such model")
+        except LookupError:
+            resp.send(404, [(b"content-type", b"text/plain")], b"nope")
+
+
+@pytest.mark.parametrize(("second", "statuses", "reason"), [
+    (b"GET /2 HTTP/1.1\r\n\r\n", [404, 400], "bad_host"),
+    (b"GET /2 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\nGET /3 HTTP/1.1\r\nHost: a\r\n\r\n", [404, 200], None),
+], ids=["reject", "connection-close"])
+async def test_pipelined_bytes_parsed_inside_an_except_block(second: bytes, statuses: list[int],
+                                                             reason: str | None) -> None:
+    """Found by the mutation run (F2): bytes that arrived while a request was handled are parsed
+    when its response is sent; when the handler sent it from inside an ``except`` block, Python
+    overwrote the parser error's ``__context__`` with that exception, so a plain rejection (or the
+    stop after ``Connection: close``) was logged as a failed callback and answered 500."""
+    handler = _AnswersInExcept()
+    async with serve(handler) as server:
+        ex = await exchange(server.port, [b"GET /except HTTP/1.1\r\nHost: a\r\n\r\n", second], pace=0.05)
+        assert [r.status for r in parse_responses(ex.data)] == statuses, ex.data[:600]
+        assert ex.eof
+        assert "internal_error" not in server.stats.rejections
+        assert server.stats.rejections == ({reason: 1} if reason else {})

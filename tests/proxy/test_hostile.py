@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -140,3 +141,22 @@ def test_internal_headers_stripped_and_forwarded_for_set(proxy: Stack) -> None:
     assert h["x-session-id"] == "s1"
     raw_names = [k for k, _ in proxy.stub.requests[0].raw_headers]
     assert len(raw_names) == len(set(raw_names))  # canonical: no duplicated header upstream
+
+
+def test_pipelined_request_behind_an_upstream_failure_is_not_a_500(proxy: Stack) -> None:
+    """Found by the mutation run (F2): the pipeline answers a failed upstream exchange (here a
+    502 after 0.3 s) from inside ``except FlexInferError``; the bytes pipelined behind it are parsed
+    then, and Python replaced the parser error's context with that exception, so the core answered
+    the next request's plain 400 (no Host) as a 500 with an ERROR traceback."""
+    first = post("/v1/chat/completions", "X-Stub-Delay: 0.3\r\nX-Stub-Mode: garbage\r\n")
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        s.sendall(first)
+        time.sleep(0.05)  # arrives while the first request is in flight: kept raw until it is answered
+        s.sendall(b"GET /v1/models HTTP/1.1\r\n\r\n")
+        buf = b""
+        while chunk := s.recv(65536):
+            buf += chunk
+    statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", buf)]
+    assert statuses == [502, 400], buf[:800]
+    assert b"internal_error" not in buf
+    assert proxy.server.stats.rejections == {"bad_host": 1}
