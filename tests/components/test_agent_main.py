@@ -60,7 +60,7 @@ async def test_publish_then_no_write_then_only_changes(kube: KubeEnv, tmp_path: 
 
         gpus[0]["util"] = 20  # only the changed key is sent
         assert await agent.tick() == {"metadata": {"annotations": {L.GPU_UTIL: "20"}}}
-        assert kube.write_count("nodes") == 2
+        assert kube.write_count("nodes") == 1
 
         nvml.nvmlDeviceGetCount = lambda: 0  # the GPU disappears: owned keys removed, others kept
         await agent.tick()
@@ -237,6 +237,13 @@ async def test_agent_process_end_to_end(kube: KubeEnv, tmp_path: Path) -> None:
         assert kube.write_count("nodes") == 1
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
+    except BaseException as exc:  # say what the agent printed and what was written to the node
+        if proc.returncode is None:
+            proc.kill()
+        assert proc.stdout is not None
+        out = (await asyncio.wait_for(proc.stdout.read(), 10)).decode(errors="replace")
+        writes = dict(kube.emulator.writes)
+        raise AssertionError(f"{exc!r}\nagent output:\n{out[-3000:]}\nwrites: {writes}") from exc
     finally:
         if proc.returncode is None:
             proc.kill()
