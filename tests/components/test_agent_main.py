@@ -60,7 +60,7 @@ async def test_publish_then_no_write_then_only_changes(kube: KubeEnv, tmp_path: 
 
         gpus[0]["util"] = 20  # only the changed key is sent
         assert await agent.tick() == {"metadata": {"annotations": {L.GPU_UTIL: "20"}}}
-        assert kube.write_count("nodes") == 1
+        assert kube.write_count("nodes") == 2
 
         nvml.nvmlDeviceGetCount = lambda: 0  # the GPU disappears: owned keys removed, others kept
         await agent.tick()
