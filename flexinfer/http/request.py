@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from flexinfer.errors import FlexInferError
@@ -252,16 +252,19 @@ class ResponseWriter:
             return
         self._transport.write(data)
 
-    def writelines(self, pieces: list[bytes], *, end: bool = False) -> None:
+    def writelines(self, pieces: Sequence[bytes], *, end: bool = False) -> None:
         """Body pieces that are ready together: framed as one chunk and handed to the transport in
-        one call. ``end=True`` finishes the response in the same call (as :meth:`end` would)."""
+        one call. ``end=True`` finishes the response in the same call; this is the one place that
+        finishes a response (:meth:`end` is ``writelines((), end=True)``)."""
         if self.finished:
             return
         if not self.started:
             raise RuntimeError("write() before start()")
-        if self.disconnected or self._head_only:
+        if self.disconnected or self._head_only:  # nothing (more) goes on the wire
             if end:
-                self.end()
+                self.finished = True
+                if not self.disconnected:
+                    self._proto._response_done(self)
             return
         total = 0
         for piece in pieces:
@@ -304,22 +307,7 @@ class ResponseWriter:
             return
         if not self.started:
             raise RuntimeError("end() before start()")
-        self.finished = True
-        if self.disconnected:
-            return
-        head = self._pending_head
-        if head is not None:
-            self._pending_head = None
-            if self._chunked:
-                head += LAST_CHUNK
-            self._transport.write(head)
-        elif self._chunked and not self._head_only:
-            self._transport.write(LAST_CHUNK)
-        if self._remaining and not self._head_only:
-            # fewer bytes than declared: the only honest ending is a close
-            self._proto._abort_connection()
-            return
-        self._proto._response_done(self)
+        self.writelines((), end=True)
 
     def abort(self) -> None:
         """Close the connection without the terminating chunk (mid-stream failure)."""
