@@ -10,6 +10,7 @@ This module does no I/O and knows nothing about the runtime.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -26,22 +27,17 @@ _MODEL_KEY = b'"model"'
 _MODEL_VALUE_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _MAX_MULTIPART_PARTS = 1000
 _MAX_FIELD_BYTES = 256
-#: Model names and paths already checked and found good (the hot path sees the same few again and
-#: again); bounded, so random input cannot grow them: past the bound every check is done in full.
-_GOOD_NAMES: set[str] = set()
-_GOOD_PATHS: set[str] = set()
-_GOOD_MAX = 1024
+# The checks below are memoized: the hot path sees the same few names and paths again and again.
+# lru_cache remembers only what returned (a refused value raises, so it is checked in full every
+# time) and is bounded, so random input cannot grow it.
 
 
+@functools.lru_cache(maxsize=1024)
 def check_model_name(name: str, source: str) -> str:
-    if name in _GOOD_NAMES:
-        return name
     if not _NAME_RE.match(name) or ".." in name:
         raise InvalidModelName(
             f"invalid model name from {source}: use letters, digits and . _ : / @ + - (at most 256)",
             param="model")
-    if len(_GOOD_NAMES) < _GOOD_MAX:
-        _GOOD_NAMES.add(name)
     return name
 
 
@@ -61,14 +57,11 @@ def split_model_path(path: str) -> tuple[str | None, str]:
 _BAD_PATH_RE = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|%25", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=1024)
 def check_path(path: str) -> str:
     """Refuse paths that could climb out of the API on the backend (dot segments, encoded slashes)."""
-    if path in _GOOD_PATHS:
-        return path
     if _BAD_PATH_RE.search(path):
         raise BadRequest("request path contains dot segments or encoded separators", code="invalid_path")
-    if len(_GOOD_PATHS) < _GOOD_MAX:
-        _GOOD_PATHS.add(path)
     return path
 
 
