@@ -161,25 +161,32 @@ def header_insert(rng: random.Random, msgs: Messages) -> Messages:
     return [*msgs[:i], m[:at] + line + b"\r\n" + m[at:], *msgs[i + 1:]]
 
 
-def header_delete(rng: random.Random, msgs: Messages) -> Messages:
-    """Delete one header line (Host, Content-Length, Transfer-Encoding, ... alike)."""
+def _pick_header(rng: random.Random, msgs: Messages) -> tuple[int, bytes, int, int] | None:
+    """(message index, message, start, end) of one random header line; None when it has none."""
     i = _one(rng, msgs)
     m = msgs[i]
     spans = _header_spans(m)
     if not spans:
-        return msgs
+        return None
     s, e = spans[rng.randrange(len(spans))]
+    return i, m, s, e
+
+
+def header_delete(rng: random.Random, msgs: Messages) -> Messages:
+    """Delete one header line (Host, Content-Length, Transfer-Encoding, ... alike)."""
+    picked = _pick_header(rng, msgs)
+    if picked is None:
+        return msgs
+    i, m, s, e = picked
     return [*msgs[:i], m[:s] + m[e + 2:], *msgs[i + 1:]]
 
 
 def header_replace(rng: random.Random, msgs: Messages) -> Messages:
     """Replace one header line by one from HEADER_POOL, or change its value's case or spacing."""
-    i = _one(rng, msgs)
-    m = msgs[i]
-    spans = _header_spans(m)
-    if not spans:
+    picked = _pick_header(rng, msgs)
+    if picked is None:
         return msgs
-    s, e = spans[rng.randrange(len(spans))]
+    i, m, s, e = picked
     line = m[s:e]
     r = rng.random()
     if r < 0.5:
