@@ -93,7 +93,8 @@ class HTTPSettings:
     max_headers: int = _f(100, "PROXY_MAX_HEADERS", "Header count limit; over it: 431.")
     max_body_json: int = _f(10 * MiB, "PROXY_MAX_BODY_BYTES", "Body limit for non-multipart; over it: 413.")
     max_body_multipart: int = _f(25 * MiB, "PROXY_MAX_MULTIPART_BYTES", "Body limit for multipart; 413.")
-    max_chunk_extension: int = _f(4 * KiB, None, "Longest chunk extension accepted.")
+    max_chunk_extension: int = _f(16 * KiB, "PROXY_MAX_CHUNK_METADATA_BYTES",
+                                  "Chunk extensions + trailer fields of one chunked request; 400.")
     header_timeout: float = _f(10.0, "PROXY_HEADER_TIMEOUT", "Time to receive the full header block; 408.")
     body_timeout: float = _f(60.0, "PROXY_BODY_TIMEOUT", "Time to receive the full body; 408.")
     keepalive_timeout: float = _f(60.0, "PROXY_KEEPALIVE_TIMEOUT", "Idle keep-alive connection lifetime.")
@@ -109,7 +110,8 @@ class UpstreamSettings:
     connect_timeout: float = _f(5.0, "PROXY_CONNECT_TIMEOUT", "TCP connect timeout.")
     response_timeout: float = _f(300.0, "PROXY_RESPONSE_TIMEOUT", "Time from request sent to response head.")
     stream_idle_timeout: float = _f(300.0, "PROXY_STREAM_IDLE_TIMEOUT", "Longest silence inside a body.")
-    pool_idle_timeout: float = _f(4.0, "PROXY_POOL_IDLE_TIMEOUT", "Idle pooled connection lifetime.")
+    pool_idle_timeout: float = _f(4.0, "PROXY_POOL_IDLE_TIMEOUT",
+                                  "Idle pooled connection lifetime; below the ~5 s keep-alive of backends.")
     pool_max_idle: int = _f(64, "PROXY_POOL_MAX_IDLE", "Idle connections kept per backend.")
     read_buffer_high: int = _f(64 * KiB, None, "Buffered upstream bytes before reading pauses.")
     max_response_header_bytes: int = _f(64 * KiB, None,

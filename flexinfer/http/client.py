@@ -2,8 +2,11 @@
 httptools response parser.
 
 Owns: :class:`UpstreamPool` / :class:`Pools` (connect with a timeout, LIFO reuse, idle expiry below
-the backends' keep-alive, at most one retry of a reused connection that failed before any response
-byte), one exchange at a time per connection (:class:`_Conn`), strict parsing of responses
+the backends' keep-alive, a pending EOF/RST/byte check of a pooled connection before its reuse, and
+at most one retry of a reused connection that failed before any response byte, only for GET, HEAD
+and OPTIONS: a request whose bytes were written is never written again otherwise, because the
+engine may already be running it; that refusal is an ``UpstreamError`` with ``reason="not_replayed"``),
+one exchange at a time per connection (:class:`_Conn`), strict parsing of responses
 (garbage, CL+TE, duplicate CL, oversize head, unrequested 101 -> ``reason="protocol"``) and the
 response-start and stream-idle timeouts (no total timeout; deadlines are floats watched by one lazy
 timer per connection that is re-armed only when it fires early, so a request on a reused
@@ -17,6 +20,7 @@ unfinished exchange.
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Iterator
 from typing import cast
 
@@ -44,6 +48,10 @@ __all__ = [
 ]
 
 
+#: Methods whose request may be written again after a reused connection failed before the answer.
+_REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 class _ReuseFailed(Exception):
     """A reused connection closed before any response byte (keep-alive race): may retry once."""
 
@@ -69,8 +77,8 @@ class _Conn(asyncio.Protocol):
     __slots__ = (
         "broken", "checked_out", "close_delimited", "expect_response", "hdr_bytes", "head_due", "head_only",
         "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
-        "loop", "lost", "msg_done", "parser", "paused", "pool", "resp", "reused", "rx", "timer", "timer_at",
-        "transport", "waiter",
+        "loop", "lost", "msg_done", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
+        "timer_at", "transport", "waiter",
     )
 
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
@@ -102,10 +110,22 @@ class _Conn(asyncio.Protocol):
         self.close_delimited = False
         self.headers: list[tuple[bytes, bytes]] = []
         self.hdr_bytes = 0
+        self.poller: select.poll | None = None
 
     # ---- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            self.poller = poller
+
+    def pending_close(self) -> bool:
+        """Whether the idle connection has something to read: a FIN, a RST or stray bytes the loop has
+        not handled yet (one poll(2) with no wait). Such a connection is never reused."""
+        poller = self.poller
+        return poller is not None and bool(poller.poll(0))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -432,6 +452,11 @@ class UpstreamPool:
             except _ReuseFailed as exc:
                 if retried:
                     raise exc.error from None
+                if method not in _REPLAYABLE:
+                    raise UpstreamError(
+                        f"{self._name} closed a reused connection after the request was written and "
+                        f"before answering; a {method} is not sent twice", reason="not_replayed",
+                        sent=True) from None
                 retried = True
                 conn = await self._connect(conn.loop, sent=True)
 
@@ -444,6 +469,10 @@ class UpstreamPool:
         while idle:
             conn = idle.pop()
             if conn.lost or conn.transport.is_closing():
+                continue
+            if conn.pending_close():
+                conn.broken = True
+                conn.transport.abort()
                 continue
             if now - conn.idle_since >= limit:
                 # the newest is stale, so are all the older ones

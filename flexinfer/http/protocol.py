@@ -8,9 +8,12 @@ are re-exported here, as the contract names them.
 
 How it works: parser callbacks only record (and raise ``_Reject`` to stop the parser at once when a
 rule is broken). Limits are checked as bytes arrive: URL bytes in ``on_url``, the header count in
-``on_header``, and the raw bytes fed while the header block (or a chunk's size line) is still open,
-so a 1 MiB header value or a 10 MiB chunk extension is refused after about one read; names and
-values are checked in one local loop at headers-complete. While a request is handled, further bytes
+``on_header``, and the raw bytes fed while the header block is still open, so a 1 MiB header value
+is refused after about one read; names and values are checked in one local loop at headers-complete.
+Bytes are fed in slices cut where a head or a Content-Length body ends, so each slice belongs to one
+message: inside a chunked body, the raw bytes minus the data and the chunks' own framing are the
+chunk extensions and trailer fields, bounded per request (``max_chunk_extension``) after every slice
+and before the request is handed on. While a request is handled, further bytes
 are kept raw (reading pauses past 64 KiB) and parsed only once its response is finished, so
 responses leave in order and on_headers runs in order; when the client stops reading its
 responses, nothing more is answered or read until it does. Deadlines are plain floats checked by
@@ -62,6 +65,9 @@ LINGER_BYTES = 1024 * KiB
 #: version, CRLFs) tolerated on top of the configured limits by the raw-byte checks.
 _CHUNK_LINE_SLACK = 64
 _HEAD_SLACK = 64
+#: Smallest slice a chunked body is fed in (see _feed; at most half the metadata limit): bounds the
+#: parser calls per body byte of a request that has spent most of its chunk metadata.
+_CHUNK_SLICE_MIN = 1024
 
 # parse phases
 _IDLE, _HEAD, _BODY, _CHUNKED = 0, 1, 2, 3
@@ -125,6 +131,9 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = (
         "_active",
         "_cb_exc",
+        "_chunk_mark",
+        "_chunk_min",
+        "_chunk_slice_min",
         "_closing",
         "_dl_kind",
         "_feed_len",
@@ -132,6 +141,7 @@ class HttpProtocol(asyncio.Protocol):
         "_handler",
         "_head_limit",
         "_headers",
+        "_length",
         "_lingered",
         "_loop",
         "_lost",
@@ -149,6 +159,7 @@ class HttpProtocol(asyncio.Protocol):
         "_server",
         "_settings",
         "_stats",
+        "_tail",
         "_transport",
         "_url",
         "_url_len",
@@ -169,12 +180,17 @@ class HttpProtocol(asyncio.Protocol):
         self._max_headers = s.max_headers
         self._max_hdr_bytes = s.max_header_bytes
         self._head_limit = s.max_header_bytes + _HEAD_SLACK
+        self._chunk_slice_min = max(1, min(_CHUNK_SLICE_MIN, (s.max_chunk_extension + _CHUNK_LINE_SLACK) // 2))
         self._transport: asyncio.Transport = None  # type: ignore[assignment]
         self.flow: FlowControl = None  # type: ignore[assignment]
         self._peer = ""
         self._phase = _IDLE
         self._raw = 0
         self._feed_len = 0
+        self._tail = b""  # the last bytes of a head that continues in the next read
+        self._length = 0  # Content-Length of the body being read
+        self._chunk_min = 0  # framing bytes of the chunks read so far (size digits, CRLFs)
+        self._chunk_mark = 0  # body bytes at the end of the last chunk
         self._req: Request | None = None
         self._active: ResponseWriter | None = None
         self._queue: deque[Request] = deque()
@@ -259,9 +275,57 @@ class HttpProtocol(asyncio.Protocol):
 
     # ---- parsing ----------------------------------------------------------------------------
     def _feed(self, data: bytes | bytearray) -> None:
+        """Parse ``data`` in slices that end where a message's head or Content-Length body ends
+        (and, inside a chunked body, at most the room left for chunk metadata), so that every
+        slice belongs to one phase of one message and the raw-byte limits count exact bytes."""
+        n = len(data)
+        pos = 0
+        view: memoryview | None = None
+        while True:
+            phase = self._phase
+            end = n
+            if phase in (_IDLE, _HEAD):
+                i = -1
+                if phase == _HEAD and pos == 0 and self._tail:
+                    i = self._split_head_end(data)
+                if i == -1:
+                    i = data.find(b"\r\n\r\n", pos)
+                    if i != -1:
+                        end = i + 4
+                else:
+                    end = i
+            elif phase == _BODY:
+                req = self._req
+                if req is not None:
+                    end = min(n, pos + self._length - req._body_len)
+            else:
+                room = self._chunk_room()
+                end = min(n, pos + (room if room > self._chunk_slice_min else self._chunk_slice_min))
+            if pos == 0 and end >= n:
+                self._feed_slice(data, phase)
+                return
+            if view is None:
+                view = memoryview(data)
+            self._feed_slice(view[pos:end], phase)
+            if end >= n or self._closing or self._lost:
+                return
+            pos = end
+
+    def _split_head_end(self, data: bytes | bytearray) -> int:
+        """Where a head whose blank line began in the previous read ends in ``data`` (-1: it did not)."""
+        tail = self._tail
+        j = (tail + data[:3]).find(b"\r\n\r\n")
+        return -1 if j == -1 else j + 4 - len(tail)
+
+    def _chunk_room(self) -> int:
+        """Bytes of chunk metadata (extensions, trailers) this request may still send."""
+        req = self._req
+        body = req._body_len if req is not None else 0
+        return self._settings.max_chunk_extension + _CHUNK_LINE_SLACK - (self._raw - body - self._chunk_min)
+
+    def _feed_slice(self, data: bytes | bytearray | memoryview, phase: int) -> None:
         n = len(data)
         self._feed_len = n
-        phase = self._phase
         if phase in (_HEAD, _CHUNKED):
             self._raw += n
         try:
@@ -273,7 +337,9 @@ class HttpProtocol(asyncio.Protocol):
         if phase == _HEAD:
             if self._raw - self._url_len > self._head_limit:
                 self._reject("header_too_large")
-        elif phase == _CHUNKED and self._raw > self._settings.max_chunk_extension + _CHUNK_LINE_SLACK:
+            else:
+                self._tail = (self._tail + bytes(data[-3:]))[-3:]
+        elif phase == _CHUNKED and self._chunk_room() < 0:
             self._reject("chunk_extension_too_large")
 
     def _parse_failed(self, exc: Exception) -> None:
@@ -311,6 +377,7 @@ class HttpProtocol(asyncio.Protocol):
             raise self._cb_failed(_Reject("pipeline_overflow"))
         self._phase = _HEAD
         self._raw = self._feed_len
+        self._tail = b""
         self._reset_message()
         if self._active is None:
             self.deadline = self._loop.time() + self._settings.header_timeout
@@ -435,6 +502,8 @@ class HttpProtocol(asyncio.Protocol):
         if chunked or length:
             self._phase = _CHUNKED if chunked else _BODY
             self._raw = 0
+            self._length = length
+            self._chunk_min = self._chunk_mark = 0
             if self._active is None:
                 self.deadline = self._loop.time() + s.body_timeout
                 self._dl_kind = _DL_BODY
@@ -455,10 +524,23 @@ class HttpProtocol(asyncio.Protocol):
             raise self._cb_failed(_Reject("body_too_large"))
         req._body_len = n
         req._parts.append(piece)
-        self._raw = 0
+
+    def on_chunk_complete(self) -> None:
+        # credit the chunk's own framing (size digits, two CRLFs; for the last chunk "0", CRLF and
+        # the blank line): what is left of the raw bytes is chunk extensions and trailer fields
+        req = self._req
+        if req is not None:
+            size = req._body_len - self._chunk_mark
+            self._chunk_mark = req._body_len
+            self._chunk_min += max(1, (size.bit_length() + 3) >> 2) + 4
 
     def on_message_complete(self) -> None:
         req = self._req
+        if self._phase == _CHUNKED and self._chunk_room() < 0:
+            # the slice may hold bytes of the next request too, but slices inside a chunked body
+            # are cut to the room left (_feed): only a request that already spent nearly all of it
+            # can be refused by them
+            raise self._cb_failed(_Reject("chunk_extension_too_large"))
         self._req = None
         self._phase = _IDLE
         self._feed_len = 0

@@ -190,4 +190,9 @@ def _map_upstream(exc: UpstreamError, view: ModelView) -> errors.FlexInferError:
     if reason in ("connect_timeout", "response_timeout", "idle_timeout"):
         return errors.GatewayTimeout(f"model {view.name!r}: upstream {reason.replace('_', ' ')}",
                                      code="upstream_timeout")
+    if reason == "not_replayed":
+        return errors.BadGateway(
+            f"model {view.name!r}: the replica closed the connection after the request was sent and "
+            "before answering; it was not sent again because the engine may have run it",
+            code="upstream_not_replayed")
     return errors.BadGateway(f"model {view.name!r}: upstream error ({reason})")

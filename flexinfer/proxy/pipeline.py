@@ -40,6 +40,7 @@ JSON = [(b"content-type", b"application/json")]
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}\Z")
 _HEALTH_BODY = b'{"status":"ok"}'
 _CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
+_ROUTE_FORWARD, _ROUTE_CONTROL, _ROUTE_ADMIN = 0, 1, 2
 
 
 _rid_prefix = b""
@@ -65,12 +66,14 @@ def new_request_id() -> bytes:
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
-    __slots__ = ("authenticated", "extra_headers", "model_name", "path", "request_id", "source", "sse_open", "t0")
+    __slots__ = ("authenticated", "extra_headers", "model_name", "path", "request_id", "route", "source", "sse_open",
+                 "t0")
 
     def __init__(self, t0: float, request_id: bytes, path: str) -> None:
         self.t0 = t0
         self.request_id = request_id
-        self.path = path  # upstream path (``/model/<n>`` prefix stripped)
+        self.path = path  # normalized; for a forwarded request the upstream path (``/model/<n>`` stripped)
+        self.route = _ROUTE_FORWARD  # control endpoint, admin route, or forwarded to a model
         self.model_name: str | None = None
         self.source = ""
         self.authenticated = False
@@ -119,19 +122,24 @@ class ProxyHandler:
             rid = new_request_id()
         ctx = RequestContext(time.perf_counter(), rid, req.path)
         req.ctx = ctx
-        path = req.path
+        try:
+            # decided once: every route below (control, admin, forward) sees the normalized path
+            req.path = ctx.path = path = extract.normalize_path(req.path)
+        except FlexInferError as exc:
+            return exc
         if path in _CONTROL or path.startswith("/v1/models/"):
+            ctx.route = _ROUTE_CONTROL
             if path in ("/v1/models",) or path.startswith("/v1/models/"):
                 return self._authenticate(req, ctx)
             return None
         if self.admin is not None and self.admin.match(path):
+            ctx.route = _ROUTE_ADMIN
             return self._authenticate(req, ctx)
         try:
             err = self._authenticate(req, ctx)
             if err is not None:
                 return err
-            name, ctx.path = extract.split_model_path(path)
-            extract.check_path(ctx.path)
+            name, ctx.path = extract.route_path(path)
             source = "path"
             header = req.get(b"x-model-id")
             if header is not None:
@@ -163,11 +171,11 @@ class ProxyHandler:
     # -- phase 2: the whole request --------------------------------------------------------------
     async def handle(self, req: Request, resp: ResponseWriter) -> None:
         ctx: RequestContext = req.ctx  # type: ignore[assignment]
-        path = req.path
-        if path in _CONTROL or path.startswith("/v1/models/"):
+        if ctx.route == _ROUTE_CONTROL:
             self._control(req, resp, ctx)
             return
-        if self.admin is not None and self.admin.match(path):
+        if ctx.route == _ROUTE_ADMIN:
+            assert self.admin is not None
             await self.admin.handle(req, resp)
             return
         model_label = ""
@@ -188,6 +196,13 @@ class ProxyHandler:
                 elif ctype == b"multipart/form-data" and req.body:
                     name = extract.multipart_model(req.body, req.get(b"content-type") or b"")
                     ctx.source = "multipart"
+            elif ctype == b"multipart/form-data" and req.body:
+                # the body goes to the backend untouched: it must not name another model
+                other = extract.multipart_model(req.body, req.get(b"content-type") or b"")
+                if other is not None and other != name:
+                    raise errors.BadRequest(
+                        f"the multipart \"model\" field ({other!r}) names another model than the "
+                        f"{ctx.source} ({name!r})", param="model", code="model_conflict")
             if name is None:
                 raise errors.MissingModel(
                     "no model named: set \"model\" in the body, the X-Model-ID header or a /model/<name>/ path",
@@ -200,7 +215,9 @@ class ProxyHandler:
                 self.scaler.record_demand(view)
             if self.limiter is not None:
                 self.limiter.check(view.name)
-            rewrite = view.rewrite_model  # of the name the client used (False for a LoRA adapter)
+            # the model the backend must see: the served name, or for a LoRA adapter (routed to its
+            # parent's replicas, rewrite_model False) the adapter name the client routed by
+            target = view.upstream_model if view.rewrite_model else name
             if not view.ready or not view.endpoints:
                 view = await self._activate(view, req, resp, data)
             body = req.body
@@ -209,13 +226,13 @@ class ProxyHandler:
                 clamped = extract.clamp_max_tokens(data, view.context_window, self.settings.max_tokens_reserve)
             if clamped is not None:
                 assert data is not None
-                if rewrite and "model" in data:
-                    data["model"] = view.upstream_model
+                if "model" in data:
+                    data["model"] = target
                 body = orjson.dumps(data)
                 ctx.extra_headers.append((b"x-flexinfer-maxtokens-clamped", b"%d->%d" % clamped))
                 self.metrics.max_tokens_clamped.labels(view.name).inc()
-            elif data is not None and rewrite and "model" in data:
-                body = extract.rewrite_model(body, data, view.upstream_model, model_keys)
+            elif data is not None and "model" in data:
+                body = extract.rewrite_model(body, data, target, model_keys)
             await self.forwarder.forward(req, resp, ctx, view, data, body)
         except FlexInferError as exc:
             self._error(resp, ctx, exc, model_label)

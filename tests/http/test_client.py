@@ -7,6 +7,7 @@ import asyncio
 import socket
 import struct
 import time
+from typing import Any
 
 import h11
 import pytest
@@ -270,12 +271,14 @@ async def test_extra_bytes_after_body_dropped_and_not_reused() -> None:
         assert len(backend.conns) == 2
 
 
-# ---- keep-alive race: one retry, only for a reused connection with 0 response bytes -----------
+# ---- keep-alive race: a reused connection that fails before any response byte ----------------
+# Only GET/HEAD/OPTIONS are written again (once, on a fresh connection): any other request whose
+# bytes were written may already run on the engine, so it fails with reason "not_replayed".
 
-async def test_keepalive_race_retried_once_on_fresh_connection() -> None:
+def _idle_out_on_second_request(answer: bytes) -> Any:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
         await read_request(reader)
-        writer.write(ok_response(b"first"))
+        writer.write(ok_response(answer))
         await writer.drain()
         if conn.index == 0:
             await read_request(reader)  # the reused request arrives... and the backend idles out
@@ -284,14 +287,84 @@ async def test_keepalive_race_retried_once_on_fresh_connection() -> None:
             await read_request(reader)
             writer.write(ok_response(b"again"))
             await writer.drain()
+    return script
 
-    async with RawBackend(script) as backend:
+
+@pytest.mark.parametrize("method", ["GET", "OPTIONS"])  # (a HEAD exchange is never pooled: see _Conn)
+async def test_keepalive_race_replays_a_safe_method_once_on_a_fresh_connection(method: str) -> None:
+    async with RawBackend(_idle_out_on_second_request(b"first")) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
-        resp = await pool.request("POST", "/", [], b"x")
-        assert await resp.read_all(100) == b"first"
-        resp = await pool.request("POST", "/", [], b"y")
-        assert resp.status == 200 and await resp.read_all(100) == b"first"
+        resp = await pool.request(method, "/", [], b"")
+        await resp.read_all(100)
+        resp = await pool.request(method, "/", [], b"")
+        assert resp.status == 200
         assert len(backend.conns) == 2
+        assert [_requests(c) for c in backend.conns] == [2, 1]
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
+async def test_keepalive_race_never_writes_other_methods_twice(method: str) -> None:
+    async with RawBackend(_idle_out_on_second_request(b"first")) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        resp = await pool.request(method, "/", [], b"x")
+        assert await resp.read_all(100) == b"first"
+        with pytest.raises(UpstreamError) as ei:
+            await pool.request(method, "/", [], b"y")
+        assert ei.value.reason == "not_replayed" and ei.value.sent is True
+        assert len(backend.conns) == 1  # no second connection: the request was written once
+        assert [_requests(c) for c in backend.conns] == [2]
+
+
+def _requests(conn: BackendConn) -> int:
+    return bytes(conn.captured).count(b" HTTP/1.1\r\n")
+
+
+async def test_pooled_connection_with_pending_eof_is_not_reused() -> None:
+    # A backend (in a thread, so that its FIN does not depend on our loop) answers, then closes the
+    # idle connection. The FIN is in the kernel but the loop has not read it when the next request
+    # takes the connection from the pool: the poll(2) check before reuse must catch it, so the POST
+    # is written once, on a new connection, and never meets the dead one.
+    import threading
+
+    close_now = threading.Event()
+    seen: list[bytes] = []
+    srv = socket.create_server((HOST, 0))
+    port = srv.getsockname()[1]
+
+    def serve() -> None:
+        for index in range(2):
+            c, _ = srv.accept()
+            buf = b""
+            while not buf.endswith(b"x"):
+                buf += c.recv(65536)
+            seen.append(buf)
+            c.sendall(ok_response(b"ok%d" % index))
+            if index == 0:
+                close_now.wait(5)
+            else:
+                c.recv(1)
+            c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        pool = UpstreamPool(HOST, port, FAST)
+        resp = await pool.request("POST", "/", [], b"x")
+        assert await resp.read_all(100) == b"ok0"
+        conn = pool._idle[-1]
+        assert not conn.pending_close()
+        close_now.set()
+        deadline = time.monotonic() + 3
+        while not conn.pending_close() and time.monotonic() < deadline:
+            time.sleep(0.001)  # blocks the loop on purpose: it must not read the FIN first
+        assert conn.pending_close()
+        resp = await pool.request("POST", "/", [], b"x")
+        assert resp.status == 200 and await resp.read_all(100) == b"ok1"
+        assert len(seen) == 2  # one POST per connection: none was written to the closed one
+    finally:
+        close_now.set()
+        srv.close()
+        t.join(5)
 
 
 async def test_fresh_connection_failure_is_never_retried() -> None:
@@ -316,10 +389,10 @@ async def test_reused_then_fresh_failure_gives_up_after_one_retry() -> None:
 
     async with RawBackend(script) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
-        resp = await pool.request("POST", "/", [], b"x")
+        resp = await pool.request("GET", "/", [], b"")
         await resp.read_all(100)
         with pytest.raises(UpstreamError) as ei:
-            await pool.request("POST", "/", [], b"y")
+            await pool.request("GET", "/", [], b"")
         assert ei.value.sent is True
         assert len(backend.conns) == 2  # the original and exactly one retry
 

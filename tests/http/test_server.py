@@ -84,6 +84,69 @@ async def test_small_chunk_extension_and_trailer_accepted() -> None:
         assert handler.handled[0].get(b"x-t") is None
 
 
+CHUNKED_HEAD = b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    # each extension is under the limit; together they are not (the per-line count used to restart)
+    ("many small extensions", b"".join(b"1;e=" + b"x" * 40 + b"\r\nA\r\n" for _ in range(8)) + b"0\r\n\r\n"),
+    ("extension on the last chunk", b"1\r\nA\r\n0;" + b"e" * 200 + b"\r\n\r\n"),
+    ("one long trailer field", b"1\r\nA\r\n0\r\nX-T: " + b"v" * 200 + b"\r\n\r\n"),
+    ("trailers under the count limit",
+     b"1\r\nA\r\n0\r\n" + b"".join(b"X-%d: " % i + b"v" * 30 + b"\r\n" for i in range(5)) + b"\r\n"),
+    ("size with leading zeros", b"0" * 200 + b"1\r\nA\r\n0\r\n\r\n"),
+])
+@pytest.mark.parametrize("reads", ["one write", "byte pieces"])
+async def test_chunk_metadata_is_bounded_per_request(name: str, body: bytes, reads: str) -> None:
+    handler = RecordingHandler()
+    data = CHUNKED_HEAD + body
+    payload: bytes | list[bytes] = data if reads == "one write" else [data[i:i + 7] for i in range(0, len(data), 7)]
+    async with serve(handler, SMALL) as server:
+        ex = await exchange(server.port, payload, timeout=3.0)
+        assert [r.status for r in parse_responses(ex.data)] == [400], name
+        assert server.stats.rejections == {"chunk_extension_too_large": 1}
+        assert handler.handled == []
+
+
+async def test_tens_of_kib_of_chunk_extension_in_one_read_is_refused_with_default_limits() -> None:
+    handler = RecordingHandler()
+    async with serve(handler, fast_settings()) as server:
+        data = CHUNKED_HEAD + b"1;" + b"a" * (40 * 1024) + b"\r\nZ\r\n0\r\n\r\n"
+        ex = await exchange(server.port, data, timeout=3.0)
+        assert [r.status for r in parse_responses(ex.data)] == [400]
+        assert server.stats.rejections == {"chunk_extension_too_large": 1}
+        assert handler.handled == []
+
+
+async def test_chunk_metadata_under_the_limit_with_pipelined_requests_behind_it() -> None:
+    # the slice that ends a chunked body may carry the next requests too: they must not be counted
+    # as its metadata (a big pipelined body right behind a chunked request is served, not refused)
+    handler = RecordingHandler()
+    async with serve(handler, SMALL) as server:
+        big = b"y" * 900
+        data = (CHUNKED_HEAD + b"3;x=" + b"e" * 30 + b"\r\nabc\r\n0\r\nX-T: 1\r\n\r\n"
+                + b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % len(big) + big
+                + CHUNKED_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+                + b"%x\r\n" % len(big) + big + b"\r\n0\r\n\r\n")
+        ex = await exchange(server.port, data, timeout=3.0)
+        resps = parse_responses(ex.data)
+        assert [(r.status, r.body) for r in resps] == [(200, b"abc"), (200, big), (200, big)]
+        assert server.stats.rejections == {}
+
+
+async def test_large_chunked_body_in_many_chunks_is_accepted() -> None:
+    handler = RecordingHandler()
+    settings = fast_settings(max_body_json=4 * 1024 * 1024)
+    async with serve(handler, settings) as server:
+        piece = bytes(range(256)) * 256  # 64 KiB
+        body = b"".join(b"%x\r\n" % len(piece) + piece + b"\r\n" for _ in range(48)) + b"0\r\n\r\n"
+        ex = await exchange(server.port, CHUNKED_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+                            + body, timeout=5.0)
+        resps = parse_responses(ex.data)
+        assert [r.status for r in resps] == [200]
+        assert resps[0].body == piece * 48
+
+
 async def test_header_block_limit_checked_while_a_value_is_still_arriving() -> None:
     handler = RecordingHandler()
     async with serve(handler, SMALL) as server:

@@ -25,27 +25,162 @@ def test_invalid_names(name: str) -> None:
         extract.check_model_name(name, "t")
 
 
+# ---- the path policy: normalize_path + route_path, decided in one place ------------------------
+
 @pytest.mark.parametrize(("path", "name", "rest"), [
     ("/model/m1/v1/chat/completions", "m1", "/v1/chat/completions"),
-    ("/model/m1", "m1", "/"),
     ("/v1/chat/completions", None, "/v1/chat/completions"),
+    ("//model/m1/v1/chat/completions", "m1", "/v1/chat/completions"),
+    ("/model//m1//v1///chat/completions", "m1", "/v1/chat/completions"),
+    ("//v1/chat/completions", None, "/v1/chat/completions"),
+    ("/v1//embeddings", None, "/v1/embeddings"),
+    ("/model/m1/v1/", "m1", "/v1/"),
+    ("/v1/a%41b", None, "/v1/a%41b"),  # other escapes are the backend's business, forwarded as sent
 ])
-def test_split_model_path(path: str, name: str | None, rest: str) -> None:
-    assert extract.split_model_path(path) == (name, rest)
+def test_route_path(path: str, name: str | None, rest: str) -> None:
+    assert extract.route_path(extract.normalize_path(path)) == (name, rest)
 
 
-@pytest.mark.parametrize("path", ["/model/../admin/v1", "/model/%2e%2e/v1", "/model/foo%2fbar/v1", "/model//v1",
-                                  "/model/a b/v1"])
+@pytest.mark.parametrize("path", ["/model/m1", "/model/m1/", "/model/m1/health", "/model/m1/v2/chat",
+                                  "/", "/health", "/props", "/slots", "/v1", "/model/m1/v1", "/admin/v1/x",
+                                  "//model/m1", "/model//v1", "//model//v1/x"])
+def test_paths_outside_v1_are_never_forwarded(path: str) -> None:
+    with pytest.raises(errors.NotFound) as ei:
+        extract.route_path(extract.normalize_path(path))
+    assert ei.value.error_code == "unknown_url"
+
+
+@pytest.mark.parametrize("path", ["/model/../admin/v1", "/model/%2e%2e/v1", "/model/foo%2fbar/v1",
+                                  "/model/a b/v1", "/model/", "/model"])
 def test_bad_model_paths(path: str) -> None:
     with pytest.raises(errors.BadRequest):
-        extract.check_path(extract.split_model_path(path)[1])
+        extract.route_path(extract.normalize_path(path))
 
 
 @pytest.mark.parametrize("path", ["/v1/../admin", "/v1/%2e%2e/admin", "/v1/a%2fb", "/v1/x%00", "/v1\\..\\x",
-                                  "/v1/%252e%252e/x", "/v1/./x"])
+                                  "/v1/%252e%252e/x", "/v1/./x", "/v1//../x", "/v1/.%2E/x", "/v1/%2E/x",
+                                  "/v1/x/..", "/v1/a%5Cb", "/v1/%2F"])
 def test_bad_upstream_paths(path: str) -> None:
+    with pytest.raises(errors.BadRequest) as ei:
+        extract.normalize_path(path)
+    assert ei.value.error_code == "invalid_path"
+
+
+@given(st.text(alphabet="/.%2eEfF5cC0a", max_size=24))
+@settings(max_examples=500, deadline=None)
+def test_a_routed_path_is_canonical(path: str) -> None:
+    """Whatever the input, a path that is routed is under /v1/ with no empty or dot segment."""
+    try:
+        _, rest = extract.route_path(extract.normalize_path("/" + path))
+    except errors.FlexInferError:
+        return
+    assert rest.startswith("/v1/") and "//" not in rest
+    segments = rest.split("/")[1:]
+    assert not any(seg.lower() in (".", "..", "%2e", "%2e%2e", ".%2e", "%2e.") for seg in segments)
+
+
+# ---- a second "model" key, whatever its spelling ------------------------------------------------
+
+ESCAPED_MODEL_KEYS = [b'"\\u006dodel"', b'"\\u006Dodel"', b'"m\\u006fdel"', b'"mo\\u0064el"', b'"mod\\u0065l"',
+                      b'"mode\\u006c"', b'"mode\\u006C"', b'"\\u006d\\u006f\\u0064\\u0065\\u006c"']
+
+
+@pytest.mark.parametrize("key", ESCAPED_MODEL_KEYS)
+@pytest.mark.parametrize("order", ["escaped-last", "escaped-first"])
+def test_escaped_duplicate_model_key_is_400(key: bytes, order: str) -> None:
+    pairs = [b'"model":"m1"', key + b':"m2"']
+    if order == "escaped-first":
+        pairs.reverse()
+    body = b'{"messages":[],' + b",".join(pairs) + b"}"
+    assert json.loads(body, object_pairs_hook=lambda p: p).count(("model", "m1")) == 1  # a real duplicate
+    with pytest.raises(errors.InvalidJSON):
+        extract.parse_json_counted(body)
+
+
+@pytest.mark.parametrize("key", ESCAPED_MODEL_KEYS)
+def test_a_single_escaped_model_key_is_the_model(key: bytes) -> None:
+    data, _ = extract.parse_json_counted(b'{"messages":[],' + key + b':"m2"}')
+    assert extract.body_model(data) == "m2"
+
+
+def test_escaped_model_inside_a_nested_object_is_not_a_duplicate() -> None:
+    data, _ = extract.parse_json_counted(b'{"metadata":{"\\u006dodel":"x","model":"y"},"model":"m"}')
+    assert extract.body_model(data) == "m"
+
+
+_KEY_TEXT = st.sampled_from(["model", "mode", "models", "Model", "messages", "x", "\\u006dodel", "m\\u006fdel",
+                             "\\u006d\\u006f\\u0064\\u0065\\u006c", "mod\\u0065l", "\\u0041", "\\u00e9"])
+
+
+@given(st.lists(st.tuples(_KEY_TEXT, st.sampled_from(['"m1"', '"m2"', "1", "{}", '{"model":"z"}', '"\\"model\\""'])),
+                max_size=5))
+@settings(max_examples=400, deadline=None)
+def test_duplicate_decision_agrees_with_a_real_json_parser(pairs: list[tuple[str, str]]) -> None:
+    body = ("{" + ",".join(f'"{k}":{v}' for k, v in pairs) + "}").encode()
+    real = sum(1 for k, _ in json.loads(body, object_pairs_hook=lambda p: p) if k == "model")
+    if real > 1:
+        with pytest.raises(errors.InvalidJSON):
+            extract.parse_json_counted(body)
+    else:
+        data, _ = extract.parse_json_counted(body)
+        assert data is not None and ("model" in data) == (real == 1)
+
+
+# ---- multipart: one model field at most, read as form parsers read it --------------------------
+
+def _multipart(*parts: tuple[bytes, bytes], boundary: bytes = b"XyZ") -> tuple[bytes, bytes]:
+    body = b"".join(b"--" + boundary + b"\r\n" + head + b"\r\n\r\n" + value + b"\r\n" for head, value in parts)
+    return body + b"--" + boundary + b"--\r\n", b"multipart/form-data; boundary=" + boundary
+
+
+FILE = (b'Content-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav', b"RIFF")
+
+
+@pytest.mark.parametrize("second", [
+    b'Content-Disposition: form-data; name="model"',
+    b"Content-Disposition: form-data; name=model",
+    b'content-disposition: FORM-DATA; NAME="model"',
+    b'Content-Disposition: form-data; name = "model"',
+    b'Content-Disposition: form-data; filename="x.txt"; name="model"',
+    b"Content-Disposition: form-data; name*=utf-8''model",
+    b"Content-Disposition: form-data; name*=UTF-8''%6Dodel",
+    b'Content-Disposition: form-data; name="mod\\el"',
+])
+def test_two_multipart_model_fields_are_400(second: bytes) -> None:
+    body, ctype = _multipart((b'Content-Disposition: form-data; name="model"', b"m1"), FILE, (second, b"m2"))
+    with pytest.raises(errors.BadRequest) as ei:
+        extract.multipart_model(body, ctype)
+    assert ei.value.error_code == "duplicate_model"
+
+
+def test_two_identical_multipart_model_fields_are_400_too() -> None:
+    body, ctype = _multipart((b'Content-Disposition: form-data; name="model"', b"m1"),
+                             (b'Content-Disposition: form-data; name="model"', b"m1"))
     with pytest.raises(errors.BadRequest):
-        extract.check_path(path)
+        extract.multipart_model(body, ctype)
+
+
+@pytest.mark.parametrize(("head", "expected"), [
+    (b'Content-Disposition: form-data; name="model"', "m1"),
+    (b"Content-Disposition: form-data; name=model", "m1"),
+    (b'Content-Disposition: form-data; name="file"; filename="model"', None),
+    (b'Content-Disposition: form-data; name="model_name"', None),
+    (b'Content-Disposition: form-data; name="Model"', None),
+    (b'Content-Type: text/plain\r\nContent-Disposition: form-data; name="model"', "m1"),
+])
+def test_multipart_model_field_is_read_as_form_parsers_read_it(head: bytes, expected: str | None) -> None:
+    body, ctype = _multipart(FILE, (head, b"m1"))
+    assert extract.multipart_model(body, ctype) == expected
+
+
+@pytest.mark.parametrize("head", [
+    b'Content-Disposition: form-data; name="model"\r\nContent-Disposition: form-data; name="x"',
+    b'Content-Disposition: form-data; name="x"; name="model"',
+])
+def test_ambiguous_multipart_part_is_400(head: bytes) -> None:
+    body, ctype = _multipart((head, b"m1"))
+    with pytest.raises(errors.BadRequest):
+        extract.multipart_model(body, ctype)
 
 
 @pytest.mark.parametrize("body", [b"[1]", b"{", b'{"a": NaN}', b"[" * 100_000, b'{"a":' + b"9" * 5000 + b"}",

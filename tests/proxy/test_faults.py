@@ -139,3 +139,24 @@ def test_200_aborts_leave_nothing_behind(proxy: Stack) -> None:
     assert len(stub.requests) == 201
     inflight = proxy.call(lambda: dict(proxy.handler.router.in_flight))  # type: ignore[union-attr]
     assert all(v == 0 for v in inflight.values())
+
+
+def test_post_reset_on_a_reused_connection_is_not_sent_twice(stack: Stack) -> None:
+    # The keep-alive race: the replica resets a pooled connection after the proxy wrote the request
+    # and before the response head. The engine may already run it, so it is never written again:
+    # the client gets a 502 in the OpenAI shape, the engine saw it once, and a metric counts it.
+    import urllib.request
+
+    stack.start_proxy([model("m", stack.stub)], fast_settings())
+    c = openai.OpenAI(base_url=stack.base_url, api_key="k", max_retries=0)
+    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])  # pools the connection
+    with pytest.raises(openai.InternalServerError) as ei:
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}],
+                                  extra_headers={"x-stub-mode": "reset"})
+    assert ei.value.status_code == 502
+    err = json.loads(ei.value.response.content)["error"]
+    assert err["code"] == "upstream_not_replayed" and err["type"] == "server_error"
+    assert len(stack.stub.requests) == 2
+    with urllib.request.urlopen(stack.url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'flexinfer_proxy_upstream_errors_total{reason="not_replayed"} 1.0' in text

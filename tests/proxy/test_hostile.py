@@ -62,6 +62,43 @@ CASES = [
     ("R16 NaN", post("/v1/chat/completions", body=b'{"model":"m1","t":NaN}'), 400),
     ("R16 duplicate model", post("/v1/chat/completions", body=b'{"model":"m1","model":"m2"}'), 400),
     ("not an object", post("/v1/chat/completions", body=b'["m1"]'), 400),
+    # a second "model" key spelled with escapes: the proxy and the engine could read different ones
+    ("dup model escaped", post("/v1/chat/completions", body=b'{"model":"m1","\\u006dodel":"m2","messages":[]}'), 400),
+    ("dup model escaped first", post("/v1/chat/completions", body=b'{"mo\\u0064el":"m2","model":"m1"}'), 400),
+    ("dup model all escaped", post("/v1/chat/completions",
+                                   body=b'{"\\u006d\\u006f\\u0064\\u0065\\u006c":"m2","\\u006dodel":"m1"}'), 400),
+    ("dup model + header", post("/v1/chat/completions", "X-Model-ID: m1\r\n",
+                                body=b'{"model":"m1","mode\\u006c":"m2"}'), 400),
+    # paths that are only valid after normalization, or that leave /v1/
+    ("path /model/<n> alone", post("/model/m1"), 404),
+    ("path /model/<n>/", post("/model/m1/"), 404),
+    ("path /model/<n>/health", post("/model/m1/health"), 404),
+    ("path outside /v1", post("/props"), 404),
+    ("path //model/<n>", post("//model/m1"), 404),
+    ("path encoded backslash", post("/v1/chat%5ccompletions"), 400),
+    ("path dot after merge", post("/v1//./chat/completions"), 400),
+]
+
+
+def multipart(*fields: tuple[str, bytes], headers: str = "", boundary: str = "b0undary") -> bytes:
+    body = b"".join(f"--{boundary}\r\n{head}\r\n\r\n".encode() + value + b"\r\n" for head, value in fields)
+    body += f"--{boundary}--\r\n".encode()
+    return (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: a\r\n{headers}"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+_M = 'Content-Disposition: form-data; name="model"'
+_FILE = ('Content-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav', b"RIFF....")
+CASES += [
+    ("multipart two models", multipart((_M, b"m1"), _FILE, (_M, b"m2")), 400),
+    ("multipart two models unquoted", multipart((_M, b"m1"), ("Content-Disposition: form-data; name=model", b"m2")), 400),
+    ("multipart two models case", multipart(("content-disposition: form-data; NAME=\"model\"", b"m2"), (_M, b"m1")), 400),
+    ("multipart two models ext", multipart((_M, b"m1"), ("Content-Disposition: form-data; name*=utf-8''model", b"m2")),
+     400),
+    ("multipart same model twice", multipart((_M, b"m1"), (_M, b"m1")), 400),
+    ("multipart vs header", multipart((_M, b"m2"), headers="X-Model-ID: m1\r\n"), 400),
+    ("multipart vs path", multipart((_M, b"m2")).replace(b"POST /v1/", b"POST /model/m1/v1/", 1), 400),
 ]
 
 
@@ -160,3 +197,23 @@ def test_pipelined_request_behind_an_upstream_failure_is_not_a_500(proxy: Stack)
     assert statuses == [502, 400], buf[:800]
     assert b"internal_error" not in buf
     assert proxy.server.stats.rejections == {"bad_host": 1}
+
+
+def test_path_is_normalized_once_and_forwarded_as_routed(proxy: Stack) -> None:
+    for path in ("//model/m1/v1/chat/completions", "/model//m1//v1//chat/completions", "//v1//chat/completions"):
+        got, buf, _ = exchange(proxy.port, post(path, "Connection: close\r\n"))
+        assert got == 200, buf[:300]
+    assert [r.path for r in proxy.stub.requests] == ["/v1/chat/completions"] * 3
+    # and the control endpoints see the same normalized path
+    got, _, _ = exchange(proxy.port, b"GET //healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    assert got == 200
+
+
+def test_one_multipart_model_field_is_routed_and_forwarded_untouched(proxy: Stack) -> None:
+    data = multipart(_FILE, (_M, b"m2"), headers="Connection: close\r\n")
+    got, buf, _ = exchange(proxy.port, data)
+    assert got == 200, buf[:300]
+    assert len(proxy.stub.requests) == 1 and proxy.stub.requests[0].body == data.split(b"\r\n\r\n", 1)[1]
+    # the same field named by the header too: no conflict
+    got, buf, _ = exchange(proxy.port, multipart((_M, b"m2"), headers="X-Model-ID: m2\r\nConnection: close\r\n"))
+    assert got == 200, buf[:300]

@@ -46,11 +46,14 @@ The oracle (every failure is reported with the repr of the input):
       llhttp accepts it as RFC 9112 §3 allows, it moves no message boundary, and the proxy
       answers such a request itself (e.g. 405 on ``/v1/models``) and serves the next one;
    d. the k-th forwarded message is the proxy's view (httptools) of the request whose response
-      carried the marker: same method; same target (a ``/model/<name>`` prefix stripped); every
+      carried the marker: same method; same target (empty segments merged, a ``/model/<name>``
+      prefix stripped); every
       forwarded end-to-end header present in that request with the same value (the proxy adds
       only Host, Content-Length, X-Request-ID, X-Forwarded-For, X-Forwarded-Proto); the same
       body, or for JSON the same object with ``model`` set to the routed model.
-5. Every forwarded body that is a JSON object with a ``model`` key names ``m``.
+5. Every forwarded body that is a JSON object with a ``model`` key names ``m``, and has ONE
+   top-level ``model`` key however it is spelled (a parser that keeps all pairs sees it once).
+   Every forwarded target is under ``/v1/`` with no empty or dot segment.
 6. No ERROR log record or traceback from flexinfer or asyncio during the run.
 """
 
@@ -116,6 +119,10 @@ SEEDS: list[list[bytes]] = [
     [_post(CHAT, b"Connection: close\r\n")],
     [b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
      % len(CHAT) + CHAT],
+    # the model key spelled with escapes; a path only valid once normalized; a long chunk extension
+    [_post(CHAT.replace(b'"model"', b'"\\u006dodel"'))],
+    [_post(CHAT, path=b"//model/m//v1/chat/completions")],
+    [_chunked(CHAT, extra=b"X-Model-ID: m\r\n", trailer=b"X-T: " + b"t" * 100 + b"\r\n")],
 ]
 
 
@@ -391,11 +398,25 @@ def _json(body: bytes) -> Any:
 
 
 def _strip_model_prefix(target: bytes) -> bytes:
-    if target.startswith(b"/model/"):
-        rest = target[7:]
-        _, slash, tail = rest.partition(b"/")
-        return b"/" + tail if slash else b"/"
-    return target
+    """The target the proxy must forward for ``target``: empty segments merged, prefix stripped."""
+    path, q, query = target.partition(b"?")
+    path = re.sub(rb"//+", b"/", path)
+    if path.startswith(b"/model/"):
+        _, slash, tail = path[7:].partition(b"/")
+        path = b"/" + tail if slash else b"/"
+    return path + q + query
+
+
+def _model_keys(body: bytes) -> int:
+    """Top-level keys that decode to ``model`` (every pair kept), -1 when not a JSON object."""
+    try:
+        top = json.loads(body, object_pairs_hook=lambda pairs: pairs)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return -1
+    return sum(1 for k, _ in top if k == "model") if isinstance(top, list) else -1
+
+
+_DOT_SEGMENT = re.compile(rb"/(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
 
 
 def _only_request_line_spacing(data: bytes) -> bool:
@@ -448,6 +469,11 @@ def judge(o: Outcome) -> list[str]:
         data = _json(m.body)
         if isinstance(data, dict) and "model" in data and data["model"] != MODEL:
             probs.append(f"(5) forwarded body names model {data['model']!r}")
+        if _model_keys(m.body) > 1:
+            probs.append(f"(5) forwarded body has {_model_keys(m.body)} top-level model keys: {m.body[:200]!r}")
+        path = m.target.partition(b"?")[0]
+        if not path.startswith(b"/v1/") or b"//" in path or _DOT_SEGMENT.search(path):
+            probs.append(f"(5) forwarded target {m.target!r} is not a canonical /v1/ path")
     return probs
 
 
@@ -547,6 +573,13 @@ def test_oracle_catches_known_bad() -> None:
         assert clause in found, found
     o = Outcome(0, data, "test", ref, resps=[Resp(200, True)], fwd=[(0, fwd)])
     found = " ".join(judge(o))
+    # (5): a second model key spelled with escapes; a target with an empty segment
+    dup = Msg(b"POST", b"/v1/chat/completions", [], b'{"\\u006dodel":"x","model":"m"}')
+    assert "top-level model keys" in " ".join(judge(Outcome(0, data, "test", ref, resps=[Resp(200, True)],
+                                                            fwd=[(0, dup)])))
+    slashes = Msg(b"POST", b"//v1/chat/completions", [], b'{"model":"m"}')
+    assert "canonical /v1/ path" in " ".join(judge(Outcome(0, data, "test", ref, resps=[Resp(200, True)],
+                                                           fwd=[(0, slashes)])))
     assert "(4d) forwarded header b'x-evil'" in found and "(4d) forwarded body" in found, found
     # (4b): two forwarded for one request h11 finds; (4c): h11 rejects the first, proxy said 400
     o = Outcome(0, data, "test", ref, resps=[Resp(200, True), Resp(200, True)],
