@@ -18,14 +18,15 @@ from typing import Any
 
 import pytest
 
-from flexinfer import benchkeys, tps, tps_publish
+from flexinfer import benchkeys, tps
 from flexinfer.cli import main
 from flexinfer.settings import SettingsError
 from flexinfer.tps import BenchConfig, BenchError, BenchResult, Sample
-from flexinfer.tps_client import request_body
-from flexinfer.tps_config import HTTPStatusError
-from flexinfer.tps_publish import Conflict
-from flexinfer.tps_report import CSV_FIELDS
+from flexinfer.tps import publish as tps_publish
+from flexinfer.tps.client import request_body
+from flexinfer.tps.config import HTTPStatusError
+from flexinfer.tps.publish import Conflict
+from flexinfer.tps.report import CSV_FIELDS
 
 # ---- a fake OpenAI server ------------------------------------------------------------------------
 

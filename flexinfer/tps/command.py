@@ -1,21 +1,9 @@
-"""Bench runner command (``flexinfer bench``): tokens/s, TTFT and latency of one model behind any OpenAI endpoint.
+"""The ``flexinfer bench`` command: its flags, exit codes and one-line errors.
 
-This module owns the command (flags, exit codes, one-line errors) and the bench runner's public API
-(``__all__``). It measures a model through the FlexInfer proxy or directly against any
-OpenAI-compatible ``/v1`` base URL, reports it (text, ``--json``, ``--csv``, ``--plot``) and, in a
-cluster, publishes it to ConfigMaps for the operator and the scheduler extender
-(``shared/reference/flexinfer-upstream.md`` §7.1; the key scheme lives in :mod:`flexinfer.benchkeys`).
-The parts, each with its own module:
-
-- :mod:`flexinfer.tps_config`: :class:`BenchConfig` from env and flags, the error types;
-- :mod:`flexinfer.tps_client`: the HTTP endpoint and one timed request;
-- :mod:`flexinfer.tps_stats`: samples, results, tokens/s and percentiles (pure);
-- :mod:`flexinfer.tps_measure`: readiness, warm-up and the iteration loop (:func:`run_bench`);
-- :mod:`flexinfer.tps_report`: text, CSV and plot output;
-- :mod:`flexinfer.tps_publish`: the ConfigMap writer (``kubernetes_asyncio``, the ``kube`` extra,
-  imported only there and only when ``--configmap`` is given).
-
-No module of the bench runner may be imported by the proxy.
+:func:`configure` declares the flags (they override the environment), :func:`run` loads the
+:class:`~flexinfer.tps.config.BenchConfig`, measures (:mod:`flexinfer.tps.measure`), writes the reports
+(:mod:`flexinfer.tps.report`) and, with ``--configmap``, publishes (:mod:`flexinfer.tps.publish`,
+imported only then). The bench runner's overview and public API are :mod:`flexinfer.tps`'s.
 """
 
 from __future__ import annotations
@@ -28,11 +16,9 @@ import logging
 import sys
 
 from flexinfer.settings import SettingsError
-from flexinfer.tps_client import Endpoint, measure_once
-from flexinfer.tps_config import DEFAULT_PROMPT, BenchConfig, BenchError, load_config
-from flexinfer.tps_measure import run_bench
-from flexinfer.tps_report import emit, to_csv, to_text, write_plot
-from flexinfer.tps_stats import BenchResult, Sample, percentile
+from flexinfer.tps.config import DEFAULT_PROMPT, BenchError, load_config
+from flexinfer.tps.measure import run_bench
+from flexinfer.tps.report import emit, to_csv, to_text, write_plot
 
 log = logging.getLogger("flexinfer.tps")
 
@@ -89,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             write_plot(result, args.plot)
         if cfg.configmap:
-            from flexinfer.tps_publish import publish
+            from flexinfer.tps.publish import publish
 
             entries = asyncio.run(publish(result, cfg))
             print(f"bench: wrote ConfigMap {cfg.configmap} and {cfg.global_configmap} keys "
@@ -107,6 +93,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-__all__ = ["BenchConfig", "BenchError", "BenchResult", "Endpoint", "Sample", "configure", "load_config",
-           "measure_once", "percentile", "run", "run_bench", "to_csv", "to_text", "write_plot"]

@@ -1,7 +1,7 @@
 """Publishing bench results in a cluster: the per-deployment ConfigMap and the global
 ``bench_<hash>`` / ``meta_<hash>`` keys the scheduler extender reads (3 tries on 409 conflicts).
 
-Part of the bench runner (:mod:`flexinfer.tps`; :mod:`flexinfer.tps_measure` measures);
+Part of the bench runner (:mod:`flexinfer.tps`; :mod:`flexinfer.tps.measure` measures);
 ``kubernetes_asyncio`` is imported only inside :func:`publish` when no API object is given.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from flexinfer import benchkeys, labels
-from flexinfer.tps_config import BenchConfig, BenchError
-from flexinfer.tps_stats import BenchResult
+from flexinfer.tps.config import BenchConfig, BenchError
+from flexinfer.tps.stats import BenchResult
 
 log = logging.getLogger("flexinfer.tps")
 

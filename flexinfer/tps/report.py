@@ -1,4 +1,4 @@
-"""Bench runner reports of a finished :class:`~flexinfer.tps_stats.BenchResult`: the text summary,
+"""Bench runner reports of a finished :class:`~flexinfer.tps.stats.BenchResult`: the text summary,
 one CSV row per iteration (``--csv``) and a PNG plot (``--plot``); :func:`emit` writes to a file or stdout.
 
 ``matplotlib`` (not a dependency) is imported only inside :func:`write_plot`. The ``--json`` document is
@@ -11,7 +11,7 @@ import csv
 import io
 import sys
 
-from flexinfer.tps_stats import BenchResult
+from flexinfer.tps.stats import BenchResult
 
 CSV_FIELDS = ("iteration", "tokens", "chunks", "ttft_seconds", "decode_seconds", "latency_seconds",
               "tokens_per_second", "usage")

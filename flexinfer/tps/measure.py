@@ -5,7 +5,7 @@ Method: 2 warm-up requests (the first one waits up to ``--ready-timeout`` while 
 **and** ``--min-duration`` seconds; the readiness wait is not part of the measured phase. A missing
 model name is taken from ``/models`` when it lists exactly one, the backend from FlexInfer's
 ``/v1/models`` metadata. Progress goes to a stderr line. One request on the wire is
-:mod:`flexinfer.tps_client`'s, the statistics are :mod:`flexinfer.tps_stats`'; this module only
+:mod:`flexinfer.tps.client`'s, the statistics are :mod:`flexinfer.tps.stats`'; this module only
 sequences them and must not format reports or touch the cluster.
 """
 
@@ -18,9 +18,9 @@ from typing import TextIO
 
 import orjson
 
-from flexinfer.tps_client import Endpoint, measure_once, request_body
-from flexinfer.tps_config import BenchConfig, BenchError, HTTPStatusError
-from flexinfer.tps_stats import BenchResult, Sample
+from flexinfer.tps.client import Endpoint, measure_once, request_body
+from flexinfer.tps.config import BenchConfig, BenchError, HTTPStatusError
+from flexinfer.tps.stats import BenchResult, Sample
 
 WAIT_STATUSES = frozenset({404, 502, 503, 504})
 

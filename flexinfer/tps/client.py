@@ -7,7 +7,7 @@ first content chunk), the decode window (first → last content chunk) and the t
 (``usage.completion_tokens`` when the server sends a usage chunk, which the request asks for with
 ``stream_options.include_usage``, else the number of content chunks: llama.cpp sends no usage chunk).
 With ``--no-stream`` the sample is ``usage.completion_tokens`` over the wall time. It owns the wire,
-not the run: warm-up, readiness and the iteration rules are :mod:`flexinfer.tps_measure`'s.
+not the run: warm-up, readiness and the iteration rules are :mod:`flexinfer.tps.measure`'s.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from flexinfer.tps_config import BenchConfig, BenchError, HTTPStatusError
-from flexinfer.tps_stats import Sample
+from flexinfer.tps.config import BenchConfig, BenchError, HTTPStatusError
+from flexinfer.tps.stats import Sample
 
 MAX_LINE = 1 << 20  # longest SSE line accepted
 MAX_ERROR_BODY = 64 * 1024
