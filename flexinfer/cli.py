@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("flexinfer.scheduler.main", "run the kube-scheduler extender"),
     "agent": ("flexinfer.agent.main", "run the GPU node agent"),
     "bench": ("flexinfer.tps.command", "measure tokens/s of a model through any OpenAI endpoint"),
-    "flash-load": ("flexinfer.flashloader", "copy model files into tmpfs in parallel"),
+    "flash-load": ("flexinfer.flashloader.command", "copy model files into tmpfs in parallel"),
     "crds": ("flexinfer.api.generate", "write the CustomResourceDefinitions to crds/"),
 }
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from flexinfer import flashloader as fl
-from flexinfer import flashloader_config as fconf
-from flexinfer import flashloader_copy as fcopy
-from flexinfer import flashloader_plan as fplan
 from flexinfer.cli import main
-from flexinfer.flashloader_config import FlashConfig, FlashError
-from flexinfer.flashloader_plan import SourceFile
+from flexinfer.flashloader import command as fl
+from flexinfer.flashloader import config as fconf
+from flexinfer.flashloader import plan as fplan
+from flexinfer.flashloader import transfer as ftransfer
+from flexinfer.flashloader.config import FlashConfig, FlashError
+from flexinfer.flashloader.plan import SourceFile
 from flexinfer.settings import SettingsError
 
 MiB = 1024 * 1024
@@ -166,13 +166,13 @@ def test_walk_skips_symlinks_and_prunes_excluded(tmp_path: Path) -> None:
 # ---- copying ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("methods", [("copy_file_range",), ("sendfile",), ("buffered",), fcopy.COPY_METHODS])
+@pytest.mark.parametrize("methods", [("copy_file_range",), ("sendfile",), ("buffered",), ftransfer.COPY_METHODS])
 def test_copy_data_each_method(tmp_path: Path, methods: tuple[str, ...]) -> None:
     data = os.urandom(3 * MiB + 123)
     (tmp_path / "s").write_bytes(data)
     seen: list[int] = []
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d", "wb") as d:
-        used = fcopy.copy_data(s.fileno(), d.fileno(), len(data), 64 * 1024, seen.append, methods)
+        used = ftransfer.copy_data(s.fileno(), d.fileno(), len(data), 64 * 1024, seen.append, methods)
     assert (tmp_path / "d").read_bytes() == data
     assert sum(seen) == len(data)
     assert used == methods[0]
@@ -190,11 +190,11 @@ def test_copy_data_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(os, "copy_file_range", no_cfr)
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d", "wb") as d:
-        assert fcopy.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "sendfile"
+        assert ftransfer.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "sendfile"
     assert (tmp_path / "d").read_bytes() == data
     monkeypatch.setattr(os, "sendfile", no_sendfile)
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d2", "wb") as d:
-        assert fcopy.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "buffered"
+        assert ftransfer.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None) == "buffered"
     assert (tmp_path / "d2").read_bytes() == data
 
 
@@ -212,7 +212,7 @@ def test_copy_data_short_kernel_copy_continues_with_next_method(tmp_path: Path,
 
     monkeypatch.setattr(os, "copy_file_range", short)
     with open(tmp_path / "s", "rb") as s, open(tmp_path / "d", "wb") as d:
-        used = fcopy.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None)
+        used = ftransfer.copy_data(s.fileno(), d.fileno(), len(data), 4096, lambda n: None)
     assert used == "copy_file_range+sendfile"
     assert (tmp_path / "d").read_bytes() == data
 
@@ -260,7 +260,7 @@ def test_sha256_mode_repairs_equal_size_corruption(tmp_path: Path) -> None:
     assert (report.copied_files, report.unchanged) == (1, 1)
 
 
-def _half_then_fail(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
+def _half_then_fail(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: ftransfer.ChunkCallback) -> str:
     half = os.pread(src_fd, size // 2, 0)
     os.write(dst_fd, half)
     on_chunk(len(half))
@@ -280,7 +280,7 @@ def test_fault_inside_kernel_copy_mid_file(tmp_path: Path, monkeypatch: pytest.M
     """The real copy path, failing after the first chunk: no fallback (bytes moved), no partial file."""
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {"big.bin": 4 * MiB})
-    monkeypatch.setattr(fcopy, "KERNEL_CHUNK", MiB)
+    monkeypatch.setattr(ftransfer, "KERNEL_CHUNK", MiB)
     real = os.copy_file_range
     calls = {"n": 0}
 
@@ -300,10 +300,10 @@ def test_error_in_one_file_cancels_the_rest_and_cleans_up(tmp_path: Path) -> Non
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {f"f{i}.bin": 64 * 1024 + i for i in range(12)})
 
-    def fail_on_f3(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
+    def fail_on_f3(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: ftransfer.ChunkCallback) -> str:
         if size == 64 * 1024 + 3:
             raise OSError(errno.EIO, "bad sector")
-        return fcopy.copy_data(src_fd, dst_fd, size, buf, on_chunk)
+        return ftransfer.copy_data(src_fd, dst_fd, size, buf, on_chunk)
 
     with pytest.raises(FlashError, match=r"f3\.bin"):
         run_load(src, dst, copier=fail_on_f3, concurrency=4)
@@ -354,8 +354,8 @@ def test_verify_sha256_catches_corrupted_copy(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {"w.bin": 200_000})
 
-    def corrupting(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
-        used = fcopy.copy_data(src_fd, dst_fd, size, buf, on_chunk)
+    def corrupting(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: ftransfer.ChunkCallback) -> str:
+        used = ftransfer.copy_data(src_fd, dst_fd, size, buf, on_chunk)
         os.pwrite(dst_fd, b"\xff", 1234)
         return used
 
@@ -370,7 +370,7 @@ def test_truncated_copy_is_always_caught(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {"w.bin": 5000})
 
-    def truncating(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
+    def truncating(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: ftransfer.ChunkCallback) -> str:
         os.write(dst_fd, os.pread(src_fd, size - 1, 0))
         return "buffered"
 
@@ -468,10 +468,10 @@ def test_progress_lines_on_non_tty(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     make_tree(src, {f"f{i}": 300_000 for i in range(4)})
 
-    def slow(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: fcopy.ChunkCallback) -> str:
+    def slow(src_fd: int, dst_fd: int, size: int, buf: int, on_chunk: ftransfer.ChunkCallback) -> str:
         import time
         time.sleep(0.05)
-        return fcopy.copy_data(src_fd, dst_fd, size, buf, on_chunk)
+        return ftransfer.copy_data(src_fd, dst_fd, size, buf, on_chunk)
 
     out = io.StringIO()
     fl.flash_load(cfg_for(src, dst, concurrency=1), out=out, copier=slow, progress_interval=0.01)

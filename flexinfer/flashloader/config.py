@@ -4,7 +4,7 @@
 This module owns the settings of ``flexinfer flash-load`` (read once through
 :func:`flexinfer.settings.from_env`, flags win), their validation and normalisation (``FLASH_VERIFY``
 spellings, exclude prefixes made relative with ``.cache/`` and ``.git/`` first). It does no I/O and
-must not import the planning or copy modules.
+must not import the planning or transfer modules.
 """
 
 from __future__ import annotations

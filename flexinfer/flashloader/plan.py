@@ -7,7 +7,7 @@ max(5 %, 10 MiB)) and the metadata side of the filesystem: walking the source (s
 files skipped, excluded directories pruned), destination sizes, stale ``*.flash-tmp`` removal, free
 space, the source/destination sanity check. ``select_files``, ``plan_copies``, ``required_bytes`` and
 ``variant_name`` are pure. It reads no file contents and copies nothing (that is
-:mod:`flexinfer.flashloader_copy`).
+:mod:`flexinfer.flashloader.transfer`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from flexinfer.flashloader_config import FlashConfig, FlashError
+from flexinfer.flashloader.config import FlashConfig, FlashError
 
 TMP_SUFFIX = ".flash-tmp"
 MB = 1_000_000

@@ -5,8 +5,8 @@ This module owns the data path: :func:`copy_data` (``copy_file_range`` -> ``send
 read/write loop, falling back only on "not supported here" errnos), :func:`copy_file` (write to
 ``<f>.flash-tmp``, fsync, optionally verify size or sha256, rename over the final name, remove the tmp
 file on any failure), the shared progress counter, SHA-256 of a file and the directory fsync. What to
-copy is :mod:`flexinfer.flashloader_plan`'s; the thread pool and the report are
-:mod:`flexinfer.flashloader`'s.
+copy is :mod:`flexinfer.flashloader.plan`'s; the thread pool and the report are
+:mod:`flexinfer.flashloader.command`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from flexinfer.flashloader_config import FlashConfig, FlashError
-from flexinfer.flashloader_plan import MB, TMP_SUFFIX, MiB, SourceFile, fmt_bytes
+from flexinfer.flashloader.config import FlashConfig, FlashError
+from flexinfer.flashloader.plan import MB, TMP_SUFFIX, MiB, SourceFile, fmt_bytes
 
 log = logging.getLogger("flexinfer.flashloader")
 

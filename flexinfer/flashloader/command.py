@@ -1,25 +1,11 @@
-"""Flash-loader (``flexinfer flash-load``): copy a model directory into tmpfs, in parallel, safely.
+"""The ``flexinfer flash-load`` command and the run that strings the flash-loader's parts together.
 
-This module owns the command (flags, exit codes, one-line errors) and the run that strings the parts
-together (:func:`flash_load`): the copy of model files from a slow volume (PVC, hostPath) into a fast
-one (``/dev/shm/...``) before a backend starts, as the original ``flexinfer-flash-loader`` init
-container did (``shared/reference/flexinfer-upstream.md`` §7.2):
-
-1. remove stale ``*.flash-tmp`` files that an interrupted run left under the destination;
-2. walk the source (symlinks and special files skipped, excluded prefixes pruned);
-3. plan: drop excluded files and, with ``FLASH_VARIANT=fp16``, ``X.safetensors`` whenever
-   ``X.fp16.safetensors`` exists; skip files whose destination already has the same size;
-4. preflight the free space of the destination (bytes to copy + max(5 %, 10 MiB));
-5. copy with a thread pool, each file through the fastest path the kernel offers
-   (``copy_file_range`` -> ``sendfile`` -> a buffered read/write loop), written to
-   ``<f>.flash-tmp``, fsynced, optionally verified, then renamed over the final name, so a final
-   name never holds a partial file;
-6. report progress and MB/s (10^6 bytes per second) on stderr.
-
-The parts: :mod:`flexinfer.flashloader_config` (FLASH_* settings, :class:`FlashError`),
-:mod:`flexinfer.flashloader_plan` (steps 1-4; the planning is pure) and
-:mod:`flexinfer.flashloader_copy` (step 5 for one file). None of them, nor this module, may import
-asyncio, Kubernetes clients or anything heavy: it runs as an init container before anything else.
+This module owns the command (flags, exit codes, one-line errors) and :func:`flash_load`: steps 1-6 of
+:mod:`flexinfer.flashloader` in order, the thread pool that copies the planned files (one
+:func:`~flexinfer.flashloader.transfer.copy_file` each), the progress line and the final report. What to
+copy is :mod:`flexinfer.flashloader.plan`'s, how one file's bytes move is
+:mod:`flexinfer.flashloader.transfer`'s. Like every part of the flash-loader, it must not import
+asyncio, Kubernetes clients or anything heavy.
 """
 
 from __future__ import annotations
@@ -36,17 +22,8 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TextIO
 
-from flexinfer.flashloader_config import FlashConfig, FlashError, load_config
-from flexinfer.flashloader_copy import (
-    Cancelled,
-    Copier,
-    CopyProgress,
-    copy_data,
-    copy_file,
-    fsync_dirs,
-    sha256_file,
-)
-from flexinfer.flashloader_plan import (
+from flexinfer.flashloader.config import FlashConfig, FlashError, load_config
+from flexinfer.flashloader.plan import (
     MB,
     Plan,
     SourceFile,
@@ -60,6 +37,15 @@ from flexinfer.flashloader_plan import (
     select_files,
     statvfs_free_bytes,
     walk_source,
+)
+from flexinfer.flashloader.transfer import (
+    Cancelled,
+    Copier,
+    CopyProgress,
+    copy_data,
+    copy_file,
+    fsync_dirs,
+    sha256_file,
 )
 from flexinfer.settings import SettingsError
 
