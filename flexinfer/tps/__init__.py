@@ -3,7 +3,7 @@
 It measures a model through the FlexInfer proxy or directly against any OpenAI-compatible ``/v1``
 base URL, reports it (text, ``--json``, ``--csv``, ``--plot``) and, in a cluster, publishes it to
 ConfigMaps for the operator and the scheduler extender (``shared/reference/flexinfer-upstream.md``
-§7.1; the key scheme lives in :mod:`flexinfer.benchkeys`). The parts, each with its own module:
+§7.1; the key scheme lives in :mod:`flexinfer.labels`). The parts, each with its own module:
 
 - :mod:`flexinfer.tps.command`: the command (flags, exit codes, one-line errors);
 - :mod:`flexinfer.tps.config`: :class:`BenchConfig` from env and flags, the error types;

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flexinfer import benchkeys
+from flexinfer import labels
 from flexinfer.settings import SettingsError, from_env
 
 DEFAULT_PROMPT = "Write a long story about a space adventure to Mars."
@@ -60,7 +60,7 @@ class BenchConfig:
     ready_poll: float = _f(5.0, None, "Retry interval while waiting for readiness.")
     configmap: str = _f("", None, "Per-deployment ConfigMap to write (empty: no cluster writes).")
     namespace: str = _f("", "POD_NAMESPACE", "Namespace of the ConfigMaps.")
-    global_configmap: str = _f(benchkeys.GLOBAL_CONFIGMAP_DEFAULT, benchkeys.GLOBAL_CONFIGMAP_ENV,
+    global_configmap: str = _f(labels.BENCHMARK_CONFIGMAP, "BENCHMARK_RESULTS_CONFIGMAP",
                                "Global ConfigMap of bench_<hash>/meta_<hash> keys.")
     backend: str = _f("", "BENCHMARK_BACKEND", "Canonical backend name for the keys (else from /models).")
     device_class: str = _f("", "BENCHMARK_DEVICE_CLASS", "Device class for the keys (else from the node).")

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from flexinfer import benchkeys, labels
+from flexinfer import labels
 from flexinfer.tps.config import BenchConfig, BenchError
 from flexinfer.tps.stats import BenchResult
 
@@ -59,8 +59,8 @@ def global_entries(result: BenchResult, device_class: str) -> dict[str, str]:
             "tokensPerSecond": round(result.tokens_per_second, 2), "iterations": result.iterations,
             "completionTokens": result.completion_tokens, "ttftP50Seconds": result.ttft_p50,
             "latencyP50Seconds": round(result.latency(50), 4), "timestamp": result.timestamp}
-    return {benchkeys.bench_key(result.backend, result.model, device_class): f"{result.tokens_per_second:.2f}",
-            benchkeys.meta_key(result.backend, result.model, device_class): json.dumps(meta, sort_keys=True)}
+    return {labels.bench_key(result.backend, result.model, device_class): f"{result.tokens_per_second:.2f}",
+            labels.meta_key(result.backend, result.model, device_class): json.dumps(meta, sort_keys=True)}
 
 
 def merge_data(existing: Mapping[str, str] | None, new: Mapping[str, str]) -> dict[str, str]:
@@ -150,7 +150,7 @@ async def publish(result: BenchResult, cfg: BenchConfig, api: ConfigMapAPI | Non
                 node = await core.read_node(cfg.node_name)
                 node_labels = dict(node.metadata.labels or {})
             return await publish(result, cfg, KubeConfigMaps(core), node_labels)
-    device = cfg.device_class or (benchkeys.device_class_from_labels(node_labels) if node_labels else "")
+    device = cfg.device_class or (labels.device_class_from_labels(node_labels) if node_labels else "")
     if not device:
         log.warning("no device class (--device-class, or NODE_NAME with gpu.* labels): the extender "
                     "will not match this result to a node")

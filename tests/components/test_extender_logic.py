@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexinfer import labels
-from flexinfer.benchkeys import bench_key
+from flexinfer.labels import bench_key
 from flexinfer.scheduler import logic
 from flexinfer.scheduler.logic import NodeFacts, PodFacts, ScoreInputs
 from flexinfer.scheduler.settings import ExtenderSettings, load_extender_settings

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from flexinfer import labels
-from flexinfer.benchkeys import bench_key
+from flexinfer.labels import bench_key
 from flexinfer.scheduler import logic, wire
 from flexinfer.scheduler.server import ExtenderApp, ExtenderHandler, make_app
 from flexinfer.scheduler.settings import ExtenderSettings

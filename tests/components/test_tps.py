@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flexinfer import benchkeys, tps
+from flexinfer import labels, tps
 from flexinfer.cli import main
 from flexinfer.settings import SettingsError
 from flexinfer.tps import BenchConfig, BenchError, BenchResult, Sample
@@ -499,19 +499,19 @@ async def test_publish_writes_both_configmaps() -> None:
     assert json.loads(per["samples"]) == [round(s.tokens_per_second, 2) for s in res.samples]
 
 
-def test_benchkeys() -> None:
-    dc = benchkeys.device_class("AMD", "gfx1100", "24Gi", 1, True)
+def test_bench_keys() -> None:
+    dc = labels.device_class("AMD", "gfx1100", "24Gi", 1, True)
     assert dc == "vendor=AMD,arch=gfx1100,vram=24Gi,count=1,int4=true"
-    assert benchkeys.device_class_from_labels({"flexinfer.ai/gpu.vendor": "AMD", "flexinfer.ai/gpu.arch": "gfx1100",
+    assert labels.device_class_from_labels({"flexinfer.ai/gpu.vendor": "AMD", "flexinfer.ai/gpu.arch": "gfx1100",
                                               "flexinfer.ai/gpu.vram": "24Gi", "flexinfer.ai/gpu.count": "1",
                                               "flexinfer.ai/gpu.int4": "true"}) == dc
-    assert benchkeys.device_class_from_labels({"x.io/gpu.vendor": "AMD"}, prefix="x.io/").startswith("vendor=AMD,")
-    h = benchkeys.bench_hash("vllm", "llama3", dc)
+    assert labels.device_class_from_labels({"x.io/gpu.vendor": "AMD"}, prefix="x.io/").startswith("vendor=AMD,")
+    h = labels.bench_hash("vllm", "llama3", dc)
     assert h == hashlib.sha256(f"vllm|llama3|{dc}".encode()).hexdigest()[:16] and len(h) == 16
-    assert benchkeys.bench_key("vllm", "llama3", dc) == "bench_" + h
-    assert benchkeys.meta_key("vllm", "llama3", dc) == "meta_" + h
-    assert benchkeys.deployment_configmap_name("m") == "m-benchmark-results"
-    assert benchkeys.GLOBAL_CONFIGMAP_DEFAULT == "flexinfer-benchmark-results"
+    assert labels.bench_key("vllm", "llama3", dc) == "bench_" + h
+    assert labels.meta_key("vllm", "llama3", dc) == "meta_" + h
+    assert labels.deployment_configmap_name("m") == "m-benchmark-results"
+    assert labels.BENCHMARK_CONFIGMAP == "flexinfer-benchmark-results"
 
 
 # ---- ConfigMaps against the Kubernetes emulator ---------------------------------------------------------
@@ -536,7 +536,7 @@ async def test_publish_against_emulator_with_conflicts(kube: KubeEnv) -> None:
                           kubeconfig=str(kube.kubeconfig_path))
     entries = await tps_publish.publish(a_result(), cfg)
     dc = "vendor=NVIDIA,arch=sm_89,vram=24Gi,count=2,int4=true"
-    key = benchkeys.bench_key("llamacpp", "smol", dc)
+    key = labels.bench_key("llamacpp", "smol", dc)
     glob = kube.get("v1/configmaps", "ns", "flexinfer-benchmark-results")
     assert glob is not None and key in entries
     assert glob["data"]["bench_other"] == "12.5" and glob["data"][key] == entries[key]
