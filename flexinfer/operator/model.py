@@ -35,7 +35,7 @@ from flexinfer.operator.model_logic import (
 )
 from flexinfer.operator.results import Result
 from flexinfer.operator.shared import GroupMemberState, plan_group
-from flexinfer.operator.sharing import LOADING_PHASES
+from flexinfer.sharing import LOADING_PHASES
 
 log = logging.getLogger("flexinfer.operator.model")
 FINALIZER = labels.FINALIZER_MODEL

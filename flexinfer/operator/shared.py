@@ -1,6 +1,6 @@
 """Shared-GPU groups of Models: who holds the GPU, and what every member's ``status.sharedGroup`` says.
 
-Owns applying the leader choice (``sharing.choose_leader``, the same function the local runtime
+Owns applying the leader choice (:func:`flexinfer.sharing.choose_leader`, the same function the local runtime
 uses) to a group of Models (``spec.gpu.shared``), as the original's ``handleSharedGPU`` did
 (``shared/reference/flexinfer-upstream.md`` §2.4):
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from flexinfer.api.common import format_time
 from flexinfer.operator.results import Event
-from flexinfer.operator.sharing import (
+from flexinfer.sharing import (
     LOADING_PHASES,
     Member,
     Windows,

@@ -27,8 +27,8 @@ from flexinfer.operator.model_logic import (
 )
 from flexinfer.operator.results import Result
 from flexinfer.operator.shared import GroupMemberState, plan_group
-from flexinfer.operator.sharing import Windows
 from flexinfer.operator.store import Store
+from flexinfer.sharing import Windows
 from tests.operator.harness import gpu_node
 
 NOW = datetime(2025, 7, 1, 12, 0, tzinfo=UTC)

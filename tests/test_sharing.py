@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexinfer.operator.sharing import (
+from flexinfer.sharing import (
     Member,
     Windows,
     better,
