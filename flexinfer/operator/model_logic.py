@@ -43,9 +43,9 @@ from flexinfer.api.conditions import (
 from flexinfer.api.model_view import Model
 from flexinfer.backends import ImageNotConfigured, check_placement
 from flexinfer.operator import builders, jobs
+from flexinfer.operator.api_resources import JOB, PVC, Kind
 from flexinfer.operator.config import OperatorSettings
 from flexinfer.operator.gpu import detect_gpu
-from flexinfer.operator.kinds import JOB, PVC, Kind
 from flexinfer.operator.results import Event
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
