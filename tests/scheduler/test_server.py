@@ -14,8 +14,8 @@ from flexinfer.labels import bench_key
 from flexinfer.scheduler import logic, wire
 from flexinfer.scheduler.server import ExtenderApp, ExtenderHandler, make_app
 from flexinfer.scheduler.settings import ExtenderSettings
-from tests.components.test_extender_helpers import make_node, make_pod
 from tests.kube_emulator import kube_fixture  # noqa: F401
+from tests.scheduler.helpers import make_node, make_pod
 
 S = ExtenderSettings()
 

@@ -20,8 +20,8 @@ from flexinfer.scheduler.inventory import (
     WatchError,
 )
 from flexinfer.scheduler.settings import ExtenderSettings
-from tests.components.test_extender_helpers import make_node, make_pod
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401
+from tests.scheduler.helpers import make_node, make_pod
 
 
 def _rv(obj: dict[str, Any], rv: str) -> dict[str, Any]:

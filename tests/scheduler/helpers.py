@@ -1,4 +1,4 @@
-"""Builders of Node / Pod dicts for the extender tests (no tests here; named test_* to sit with them)."""
+"""Builders of Node / Pod dicts for the extender tests (no tests here)."""
 
 from __future__ import annotations
 

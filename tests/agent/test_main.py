@@ -16,7 +16,7 @@ from flexinfer import labels as L
 from flexinfer.agent.discovery import Discovery
 from flexinfer.agent.main import Agent, AgentSettings, amain, configure, load_agent_settings, run
 from flexinfer.settings import SettingsError
-from tests.components.test_agent_discovery import GiB, fake_nvml, make_card
+from tests.agent.test_discovery import GiB, fake_nvml, make_card
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401
 
 H100 = {"name": "NVIDIA H100", "total": 80 * GiB, "used": 10 * GiB, "util": 63, "cc": (9, 0), "temp": 51}

@@ -15,7 +15,7 @@ from flexinfer.scheduler import logic
 from flexinfer.scheduler.logic import NodeFacts, PodFacts, ScoreInputs
 from flexinfer.scheduler.settings import ExtenderSettings, load_extender_settings
 from flexinfer.settings import SettingsError
-from tests.components.test_extender_helpers import make_node, make_pod
+from tests.scheduler.helpers import make_node, make_pod
 
 S = ExtenderSettings()
 
