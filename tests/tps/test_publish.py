@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from flexinfer import labels, tps
-from flexinfer.tps import BenchError, BenchResult, Sample
-from flexinfer.tps import publish as tps_publish
+from flexinfer.tps import BenchError, BenchResult, Sample, publish
 from flexinfer.tps.publish import Conflict
 
 # ---- ConfigMaps: pure logic with an injected API ------------------------------------------------------
@@ -65,15 +64,15 @@ class FakeAPI:
 
 async def test_upsert_creates_then_merges() -> None:
     api = FakeAPI()
-    assert await tps_publish.upsert_configmap(api, "ns", "g", {"a": "1"}) == 1
+    assert await publish.upsert_configmap(api, "ns", "g", {"a": "1"}) == 1
     api.maps[("ns", "g")] = ({"a": "1", "keep": "k"}, 5)
-    assert await tps_publish.upsert_configmap(api, "ns", "g", {"a": "2"}) == 1
+    assert await publish.upsert_configmap(api, "ns", "g", {"a": "2"}) == 1
     assert api.maps[("ns", "g")][0] == {"a": "2", "keep": "k"}
 
 
 async def test_upsert_retries_conflicts_and_keeps_concurrent_keys() -> None:
     api = FakeAPI(maps={("ns", "g"): ({"x": "1"}, 1)}, conflicts=2)
-    assert await tps_publish.upsert_configmap(api, "ns", "g", {"bench_1": "9"}) == 3
+    assert await publish.upsert_configmap(api, "ns", "g", {"bench_1": "9"}) == 3
     data = api.maps[("ns", "g")][0]
     assert data == {"x": "1", "other1": "x", "other0": "x", "bench_1": "9"}
     assert api.calls == ["read", "update"] * 3
@@ -81,7 +80,7 @@ async def test_upsert_retries_conflicts_and_keeps_concurrent_keys() -> None:
 
 async def test_upsert_create_race_then_update() -> None:
     api = FakeAPI(conflicts=1)
-    assert await tps_publish.upsert_configmap(api, "ns", "g", {"k": "v"}) == 2
+    assert await publish.upsert_configmap(api, "ns", "g", {"k": "v"}) == 2
     assert api.calls == ["read", "create", "read", "update"]
     assert api.maps[("ns", "g")][0] == {"other0": "x", "k": "v"}
 
@@ -89,7 +88,7 @@ async def test_upsert_create_race_then_update() -> None:
 async def test_upsert_gives_up_after_three_conflicts() -> None:
     api = FakeAPI(maps={("ns", "g"): ({}, 1)}, conflicts=3)
     with pytest.raises(BenchError, match="conflict on each of 3 attempts"):
-        await tps_publish.upsert_configmap(api, "ns", "g", {"k": "v"})
+        await publish.upsert_configmap(api, "ns", "g", {"k": "v"})
 
 
 async def test_publish_writes_both_configmaps() -> None:
@@ -98,7 +97,7 @@ async def test_publish_writes_both_configmaps() -> None:
             "flexinfer.ai/gpu.count": "1", "flexinfer.ai/gpu.int4": "true", "other": "x"}
     cfg = tps.load_config({}, configmap="smol-benchmark-results", namespace="ns")
     res = a_result()
-    entries = await tps_publish.publish(res, cfg, api, node_labels=node)
+    entries = await publish.publish(res, cfg, api, node_labels=node)
     dc = "vendor=NVIDIA,arch=sm_86,vram=24Gi,count=1,int4=true"
     h = hashlib.sha256(f"llamacpp|smol|{dc}".encode()).hexdigest()[:16]
     assert set(entries) == {f"bench_{h}", f"meta_{h}"}
@@ -133,7 +132,7 @@ async def test_publish_against_emulator_with_conflicts(kube: KubeEnv) -> None:
     kube.inject("PATCH", r"/configmaps/flexinfer-benchmark-results$", status=409, times=2)
     cfg = tps.load_config({}, configmap="smol-benchmark-results", namespace="ns", node_name="n1",
                           kubeconfig=str(kube.kubeconfig_path))
-    entries = await tps_publish.publish(a_result(), cfg)
+    entries = await publish.publish(a_result(), cfg)
     dc = "vendor=NVIDIA,arch=sm_89,vram=24Gi,count=2,int4=true"
     key = labels.bench_key("llamacpp", "smol", dc)
     glob = kube.get("v1/configmaps", "ns", "flexinfer-benchmark-results")
@@ -144,7 +143,7 @@ async def test_publish_against_emulator_with_conflicts(kube: KubeEnv) -> None:
     assert per["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "flexinfer"
     assert kube.write_count("configmaps", "PATCH") == 3  # 2 injected conflicts + the one that landed
     # a second run replaces our keys in place, keeping the others
-    await tps_publish.publish(a_result(backend="llamacpp", duration_seconds=9.0), cfg)
+    await publish.publish(a_result(backend="llamacpp", duration_seconds=9.0), cfg)
     per2 = kube.get("v1/configmaps", "ns", "smol-benchmark-results")
     assert per2 is not None and per2["data"]["durationSeconds"] == "9.00"
 
@@ -155,7 +154,7 @@ async def test_stale_resource_version_is_a_conflict(kube: KubeEnv) -> None:
     async with kube.api_client() as client:
         from kubernetes_asyncio.client import CoreV1Api
 
-        api = tps_publish.KubeConfigMaps(CoreV1Api(client))
+        api = publish.KubeConfigMaps(CoreV1Api(client))
         got = await api.read("ns", "g")
         assert got is not None and got[0] == {"a": "1"}
         await api.update("ns", "g", {"a": "2"}, got[1])
