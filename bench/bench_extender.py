@@ -28,7 +28,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flexinfer import labels
-from flexinfer.benchkeys import bench_key
+from flexinfer.labels import bench_key
 from flexinfer.scheduler import logic
 from flexinfer.scheduler.server import ExtenderHandler, make_app
 from flexinfer.scheduler.settings import ExtenderSettings

@@ -101,10 +101,10 @@ async def run_bench(n: int, scenario: str, concurrency: int, noop_s: float, work
     import kopf
     from kubernetes_asyncio import config
 
+    from flexinfer.operator.api_resources import MODEL
     from flexinfer.operator.app import build_registry
     from flexinfer.operator.config import OperatorSettings
     from flexinfer.operator.context import Operator
-    from flexinfer.operator.kinds import MODEL
 
     tmp = tempfile.mkdtemp(prefix="flexinfer-bench-op-")
     proc = subprocess.Popen([sys.executable, __file__, "--serve-emulator", tmp], stdout=subprocess.PIPE, text=True,

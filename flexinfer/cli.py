@@ -19,8 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("flexinfer.operator.main", "run the Kubernetes operator (kopf)"),
     "extender": ("flexinfer.scheduler.main", "run the kube-scheduler extender"),
     "agent": ("flexinfer.agent.main", "run the GPU node agent"),
-    "bench": ("flexinfer.tps", "measure tokens/s of a model through any OpenAI endpoint"),
-    "flash-load": ("flexinfer.flashloader", "copy model files into tmpfs in parallel"),
+    "bench": ("flexinfer.tps.command", "measure tokens/s of a model through any OpenAI endpoint"),
+    "flash-load": ("flexinfer.flashloader.command", "copy model files into tmpfs in parallel"),
     "crds": ("flexinfer.api.generate", "write the CustomResourceDefinitions to crds/"),
 }
 

@@ -1,14 +1,27 @@
 """Every label, annotation, finalizer and well-known name shared by the agent, the extender, the
-operator and the proxy.
+operator and the proxy, and the keys of measured tokens/s.
 
 One module so that a writer and its readers can never disagree on a spelling. Keys under the
 default prefix ``flexinfer.ai/`` are module constants; the agent's ``--label-prefix`` flag can move
 the node keys it owns, so those are also available through :func:`node_keys` for any prefix.
-This module holds strings only: no logic beyond building keys, no imports of our own.
+
+The bench-result keys (:func:`bench_key`, :func:`meta_key`, :func:`device_class`, ...) are the one
+contract between the bench runner (``flexinfer.tps``), which writes, and the scheduler extender
+(``flexinfer.scheduler``), which reads, the global ConfigMap (``BENCHMARK_RESULTS_CONFIGMAP``, default
+:data:`BENCHMARK_CONFIGMAP`) with ``data["bench_<hash>"] = "<tokens/s>"`` and
+``data["meta_<hash>"] = "<JSON>"``, where ``hash = sha256(f"{backend}|{model}|{device_class}").hexdigest()[:16]``
+and the device class is ``vendor=…,arch=…,vram=…,count=…,int4=…`` built from the node agent's
+``gpu.*`` labels, as the original system did (``shared/reference/flexinfer-upstream.md`` §5 and §7.1).
+Both sides must pass the same canonical backend name (the backend registry's, e.g. ``llamacpp``) and
+the same model name.
+
+This module holds strings only: no logic beyond building keys, no I/O, no imports of our own.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -175,3 +188,42 @@ def node_keys(prefix: str = PREFIX) -> NodeKeys:
 
 
 DEFAULT_NODE_KEYS: Final = node_keys()
+
+
+# ---- keys of measured tokens/s (the bench runner writes them, the extender reads them) -------------
+
+
+def device_class(vendor: str = "", arch: str = "", vram: str = "", count: str | int = "",
+                 int4: str | bool = "") -> str:
+    """``vendor=NVIDIA,arch=sm_86,vram=24Gi,count=1,int4=true`` (booleans as true/false)."""
+    if isinstance(int4, bool):
+        int4 = "true" if int4 else "false"
+    return f"vendor={vendor},arch={arch},vram={vram},count={count},int4={int4}"
+
+
+def device_class_from_labels(node_labels: Mapping[str, str], prefix: str = PREFIX) -> str:
+    """The device class of a node from its labels (``<prefix>gpu.vendor`` …); missing ones are empty."""
+    keys = node_keys(prefix)
+    return device_class(vendor=node_labels.get(keys.gpu_vendor, ""), arch=node_labels.get(keys.gpu_arch, ""),
+                        vram=node_labels.get(keys.gpu_vram, ""), count=node_labels.get(keys.gpu_count, ""),
+                        int4=node_labels.get(keys.gpu_int4, ""))
+
+
+def bench_hash(backend: str, model: str, device_class: str) -> str:
+    """16 hex chars identifying (backend, model, device class)."""
+    return hashlib.sha256(f"{backend}|{model}|{device_class}".encode()).hexdigest()[:16]
+
+
+def bench_key(backend: str, model: str, device_class: str) -> str:
+    """Global ConfigMap key holding the tokens/s, as a decimal string."""
+    return BENCH_KEY_PREFIX + bench_hash(backend, model, device_class)
+
+
+def meta_key(backend: str, model: str, device_class: str) -> str:
+    """Global ConfigMap key holding the JSON metadata of that measurement."""
+    return BENCH_META_PREFIX + bench_hash(backend, model, device_class)
+
+
+def deployment_configmap_name(deployment: str) -> str:
+    """The per-deployment results ConfigMap the original operator waits for."""
+    return deployment + BENCHMARK_CONFIGMAP_SUFFIX

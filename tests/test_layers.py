@@ -42,6 +42,9 @@ def test_layers() -> None:
             bad = [i for i in ours if i.startswith("flexinfer.runtime") and not i.startswith("flexinfer.runtime.base")]
             if bad:
                 problems.append(f"{name}: proxy knows runtime.base only, found {bad}")
+        if name.startswith("flexinfer.runtime") and any(i.startswith("flexinfer.operator") for i in ours):
+            problems.append(f"{name}: the runtime knows no operator (the shared pure rules live outside it), "
+                            f"found {sorted(i for i in ours if i.startswith('flexinfer.operator'))}")
         if any(i.split(".")[0] in KUBE_LIBS for i in imps) and not name.startswith(KUBE_ALLOWED):
             problems.append(f"{name}: only kube/operator/scheduler/agent/tps may import the Kubernetes client")
     assert not problems, "\n".join(problems)

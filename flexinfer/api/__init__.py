@@ -3,6 +3,7 @@
 - ``schema``/``model``/``lora``/``catalog``/``federation``/``modeldeployment``/``modelcache``/``gpugroup``:
   the OpenAPI v3 schemas (with defaults, enums, ranges, CEL rules) of the nine kinds of group
   ``ai.flexinfer``; ``generate`` writes them to ``crds/`` (``flexinfer crds``).
+- ``registry``: the nine kinds in that order, lookup by kind, plural or short name, and ``parse(obj)``.
 - The typed views: frozen dataclasses parsed once per event (``Model.from_obj(body)``, ...) with the
   original's defaults applied; problems raise ``SpecError(reason, message)``.
 - ``validate``: the runtime schema check/defaulting the views run (the API server's job in a cluster).
@@ -41,11 +42,11 @@ from flexinfer.api.federation import (
     LabelSelector,
 )
 from flexinfer.api.gpugroup import GPUGroup, GPUGroupSpec, GPUGroupStatus
-from flexinfer.api.kinds import KINDS, PARSERS, kind_def, parse
 from flexinfer.api.lora import LoRAAdapter, LoRAAdapterSpec, LoRAAdapterStatus
 from flexinfer.api.model_view import Model, ModelSpec, ModelStatus, Source
 from flexinfer.api.modelcache import ModelCache, ModelCacheSpec, ModelCacheStatus
 from flexinfer.api.modeldeployment import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus
+from flexinfer.api.registry import KINDS, PARSERS, kind_def, parse
 
 __all__ = [
     "BACKEND_UNSUPPORTED",

@@ -34,9 +34,7 @@ import kopf
 
 from flexinfer import labels
 from flexinfer.operator import gpugroup, lora, model, modelcache, modeldeployment
-from flexinfer.operator.context import CACHE_Q, GPUGROUP_Q, GROUP_Q, LORA_Q, MD_Q, MODEL_Q, Operator
-from flexinfer.operator.controller import WorkQueue, Writer
-from flexinfer.operator.kinds import (
+from flexinfer.operator.api_resources import (
     CONFIGMAP,
     DEPLOYMENT,
     ENDPOINTS,
@@ -51,6 +49,8 @@ from flexinfer.operator.kinds import (
     SERVICE,
     Kind,
 )
+from flexinfer.operator.context import CACHE_Q, GPUGROUP_Q, GROUP_Q, LORA_Q, MD_Q, MODEL_Q, Operator
+from flexinfer.operator.controller import WorkQueue, Writer
 from flexinfer.operator.kubeapi import ApiError, KubeClient, make_api_client
 from flexinfer.operator.model_logic import ALIAS_CONFLICT, claimed_names
 from flexinfer.operator.results import Result

@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any
 
 from flexinfer import __version__
-from flexinfer.operator.sharing import Windows
 from flexinfer.settings import SettingsError, from_env
+from flexinfer.sharing import Windows
 
 
 def _f(default: Any, env: str | None, doc: str) -> Any:

@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flexinfer.api.common import format_time
+from flexinfer.operator.api_resources import EVENT, Kind
 from flexinfer.operator.diff import merge_patch, strip_none
-from flexinfer.operator.kinds import EVENT, Kind
 from flexinfer.operator.kubeapi import ApiError, KubeClient
 from flexinfer.operator.results import Event, Result
 from flexinfer.operator.store import Store, rv_of

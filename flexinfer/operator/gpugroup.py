@@ -38,8 +38,8 @@ from flexinfer.api.conditions import (
     set_condition,
 )
 from flexinfer.api.gpugroup import AntiThrashing
+from flexinfer.operator.api_resources import GPU_GROUP, MODEL_DEPLOYMENT
 from flexinfer.operator.context import MD_Q, Operator
-from flexinfer.operator.kinds import GPU_GROUP, MODEL_DEPLOYMENT
 from flexinfer.operator.results import Event, Result
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from flexinfer.operator.kinds import Kind
+from flexinfer.operator.api_resources import Kind
 
 log = logging.getLogger("flexinfer.operator.api")
 

@@ -33,8 +33,8 @@ from flexinfer.api.conditions import (
 )
 from flexinfer.api.lora import LoRAAdapterSpec
 from flexinfer.backends import UnknownBackendError, get_backend
+from flexinfer.operator.api_resources import ENDPOINTS, LORA, MODEL
 from flexinfer.operator.context import Operator
-from flexinfer.operator.kinds import ENDPOINTS, LORA, MODEL
 from flexinfer.operator.results import Event, Result
 
 log = logging.getLogger("flexinfer.operator.lora")

@@ -5,10 +5,10 @@ on deletion the Deployment, Service, cache Jobs and owned cache PVC are deleted,
 is started for shared Models with a nodeSelector, then the finalizer goes), applying
 ``model_logic.plan_model`` through the writer (zero writes when nothing differs) and the Events of
 status transitions. For one shared-GPU group (namespace, ``spec.gpu.shared``): applying
-``shared.plan_group`` to every member's ``status.sharedGroup``, then waking the members whose state
+``shared_group.plan_group`` to every member's ``status.sharedGroup``, then waking the members whose state
 changed (their replicas follow it).
 
-Must not: decide anything itself; the rules live in ``model_logic`` and ``shared``.
+Must not: decide anything itself; the rules live in ``model_logic`` and ``shared_group``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from flexinfer.api import Model, ModelCache, ModelSpec, ModelStatus, ObjectMeta,
 from flexinfer.api.common import check_kind, opt_time, parse_duration
 from flexinfer.api.conditions import CACHED
 from flexinfer.operator import builders
+from flexinfer.operator.api_resources import DEPLOYMENT, JOB, LORA, MODEL, MODEL_CACHE, NODE, PVC, SERVICE
 from flexinfer.operator.context import GROUP_Q, LORA_Q, MODEL_Q, Operator
 from flexinfer.operator.jobs import tmpfs_cleanup_job
-from flexinfer.operator.kinds import DEPLOYMENT, JOB, LORA, MODEL, MODEL_CACHE, NODE, PVC, SERVICE
 from flexinfer.operator.model_logic import (
     ModelInputs,
     alias_conflicts,
@@ -34,8 +34,8 @@ from flexinfer.operator.model_logic import (
     transition_events,
 )
 from flexinfer.operator.results import Result
-from flexinfer.operator.shared import GroupMemberState, plan_group
-from flexinfer.operator.sharing import LOADING_PHASES
+from flexinfer.operator.shared_group import GroupMemberState, plan_group
+from flexinfer.sharing import LOADING_PHASES
 
 log = logging.getLogger("flexinfer.operator.model")
 FINALIZER = labels.FINALIZER_MODEL

@@ -12,7 +12,7 @@ Owns (``shared/reference/flexinfer-upstream.md`` §2.1–2.4):
   ``lastTransitionTime`` (moved only when a status flips) and ``observedGeneration``;
 - ``status.loadingProgressAt``: set to now when a load starts (the phase enters Pending or Loading
   with the cache ready, i.e. replicas were asked for), kept while the load goes on, removed otherwise;
-  the shared-GPU cold-start hold is measured from it (``sharing``);
+  the shared-GPU cold-start hold is measured from it (:mod:`flexinfer.sharing`);
 - alias conflicts (``ConfigValid=False``, reason ``AliasConflict``; never blocking);
 - the Events a status transition deserves.
 
@@ -43,9 +43,9 @@ from flexinfer.api.conditions import (
 from flexinfer.api.model_view import Model
 from flexinfer.backends import ImageNotConfigured, check_placement
 from flexinfer.operator import builders, jobs
+from flexinfer.operator.api_resources import JOB, PVC, Kind
 from flexinfer.operator.config import OperatorSettings
 from flexinfer.operator.gpu import detect_gpu
-from flexinfer.operator.kinds import JOB, PVC, Kind
 from flexinfer.operator.results import Event
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

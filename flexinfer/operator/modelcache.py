@@ -29,9 +29,9 @@ from flexinfer.api.conditions import (
     set_condition,
 )
 from flexinfer.operator import builders, jobs
+from flexinfer.operator.api_resources import JOB, MODEL_CACHE, PVC, Kind
 from flexinfer.operator.config import OperatorSettings
 from flexinfer.operator.context import Operator
-from flexinfer.operator.kinds import JOB, MODEL_CACHE, PVC, Kind
 from flexinfer.operator.results import Event, Result
 
 APP = "modelcache"

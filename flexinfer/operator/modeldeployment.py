@@ -25,9 +25,7 @@ from flexinfer.api import ModelCache, ModelDeployment, SpecError
 from flexinfer.api.conditions import READY, Condition, conditions_to_list, parse_conditions, set_condition
 from flexinfer.backends import ImageNotConfigured, LaunchContext, get_backend
 from flexinfer.operator import builders, jobs
-from flexinfer.operator.config import OperatorSettings
-from flexinfer.operator.context import Operator
-from flexinfer.operator.kinds import (
+from flexinfer.operator.api_resources import (
     CONFIGMAP,
     DEPLOYMENT,
     GPU_GROUP,
@@ -37,6 +35,8 @@ from flexinfer.operator.kinds import (
     PVC,
     SERVICE,
 )
+from flexinfer.operator.config import OperatorSettings
+from flexinfer.operator.context import Operator
 from flexinfer.operator.results import Event, Result
 
 FINALIZER = labels.FINALIZER_LEGACY

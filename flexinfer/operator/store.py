@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexinfer.operator.kinds import Kind
+from flexinfer.operator.api_resources import Kind
 
 Key = tuple[str, str]  # (namespace or "", name)
 Body = Mapping[str, Any]

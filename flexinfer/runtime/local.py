@@ -3,7 +3,7 @@
 Owns the lifecycle of each model's process: a free port, the command, supervision (a crash of a
 running model restarts it with backoff while it is in demand), readiness polled every 50 ms on the
 health path, the idle TTL (SIGTERM, then SIGKILL after ``stop_timeout``), shared groups (one member
-running at a time, chosen by :func:`flexinfer.operator.sharing.choose_leader`, the old member's
+running at a time, chosen by :func:`flexinfer.sharing.choose_leader`, the old member's
 in-flight requests drained before it stops), recent output for ``/logs``, and stopping everything on
 exit. It is both the :class:`~flexinfer.runtime.base.Inventory` and the
 :class:`~flexinfer.runtime.base.Scaler` the proxy sees; it knows nothing about HTTP requests.
@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flexinfer.operator.sharing import Member, Windows, choose_leader
 from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase
 from flexinfer.runtime.localconfig import LocalModelSpec
+from flexinfer.sharing import Member, Windows, choose_leader
 
 log = logging.getLogger("flexinfer.local")
 

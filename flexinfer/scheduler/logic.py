@@ -37,7 +37,6 @@ from typing import Any
 
 from flexinfer import labels
 from flexinfer.backends import Support, UnknownBackendError, canonical_name, support_level
-from flexinfer.benchkeys import bench_key, device_class_from_labels
 from flexinfer.scheduler.settings import ExtenderSettings
 
 # ---- small parsers ----------------------------------------------------------------------------------
@@ -131,8 +130,8 @@ def _str_map(raw: Any) -> Mapping[str, Any]:
 
 
 def device_class(node_labels: Mapping[str, Any]) -> str:
-    """The device class the bench runner keys results by (``flexinfer.benchkeys``), from the labels."""
-    return device_class_from_labels(node_labels)
+    """The device class the bench runner keys results by (:func:`flexinfer.labels.device_class_from_labels`)."""
+    return labels.device_class_from_labels(node_labels)
 
 
 def _truthy(raw: Any) -> bool:
@@ -354,7 +353,7 @@ def filter_nodes(pod: PodFacts, nodes: Iterable[NodeFacts]) -> FilterOutcome:
 
 @lru_cache(maxsize=8192)
 def _cached_bench_key(backend: str, model: str, device: str) -> str:
-    return bench_key(backend, model, device)
+    return labels.bench_key(backend, model, device)
 
 
 def node_tps(pod: PodFacts, node: NodeFacts, bench: Mapping[str, str] | None,

@@ -97,6 +97,12 @@ def model(name: str, ns: str = "default", **spec: Any) -> dict[str, Any]:
     return body
 
 
+def md(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelDeployment",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"backend": "ollama", "model": "llama3:8b", **spec}}
+
+
 def gpu_node(name: str, vendor: str = "nvidia", *, major: str = "8", minor: str = "9", vram: str = "24Gi",
              ready: bool = True, extra_labels: dict[str, str] | None = None) -> dict[str, Any]:
     lbl = {"kubernetes.io/hostname": name, "flexinfer.ai/gpu.vram": vram, **(extra_labels or {})}
@@ -226,6 +232,10 @@ class OperatorEnv:
                 if name is None or raw.get("involvedObject", {}).get("name") == name:
                     out.append(raw)
         return out
+
+
+def phase(env: OperatorEnv, resource: str, name: str) -> Any:
+    return env.status(name, resource=resource).get("phase")
 
 
 @contextlib.asynccontextmanager

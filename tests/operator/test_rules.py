@@ -12,11 +12,11 @@ import pytest
 
 from flexinfer.api import Model, SpecError
 from flexinfer.api.gpugroup import AntiThrashing
+from flexinfer.operator.api_resources import DEPLOYMENT
 from flexinfer.operator.controller import WorkQueue
 from flexinfer.operator.diff import is_subset, merge_patch
 from flexinfer.operator.gpu import detect_gpu
 from flexinfer.operator.gpugroup import MemberObs, decide
-from flexinfer.operator.kinds import DEPLOYMENT
 from flexinfer.operator.model import member_state
 from flexinfer.operator.model_logic import (
     alias_conflicts,
@@ -26,9 +26,9 @@ from flexinfer.operator.model_logic import (
     transition_events,
 )
 from flexinfer.operator.results import Result
-from flexinfer.operator.shared import GroupMemberState, plan_group
-from flexinfer.operator.sharing import Windows
+from flexinfer.operator.shared_group import GroupMemberState, plan_group
 from flexinfer.operator.store import Store
+from flexinfer.sharing import Windows
 from tests.operator.harness import gpu_node
 
 NOW = datetime(2025, 7, 1, 12, 0, tzinfo=UTC)

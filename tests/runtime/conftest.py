@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from flexinfer.http.server import HTTPServer
-from flexinfer.operator.sharing import Windows
 from flexinfer.runtime.local import LocalRuntime
 from flexinfer.runtime.serve import build
 from flexinfer.settings import ProxySettings, with_changes
+from flexinfer.sharing import Windows
 from tests.harness import LoopThread
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from flexinfer.operator.sharing import Windows
+from flexinfer.sharing import Windows
 from tests.runtime.conftest import LocalStack, fast_local_settings, stub_cmd
 
 MSG = [{"role": "user", "content": "hi"}]
