@@ -80,8 +80,13 @@ def from_env(cls: Any, env: Mapping[str, str] | None = None, **overrides: Any) -
     return obj
 
 
-def _f(default: Any, env: str | None = None, doc: str = "") -> Any:
+def setting(default: Any, env: str | None = None, doc: str = "") -> Any:
+    """A documented settings field: its default, the environment variable :func:`from_env` reads it
+    from (None: flags or code only) and a one-line doc. Every settings dataclass builds its fields so."""
     return field(default=default, metadata={"env": env, "doc": doc})
+
+
+_f = setting  # the short name the tables below use
 
 
 @dataclass(frozen=True, slots=True)

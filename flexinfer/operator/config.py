@@ -17,11 +17,7 @@ from typing import Any
 from flexinfer import __version__
 from flexinfer.operator.sharing import Windows
 from flexinfer.settings import SettingsError, from_env
-
-
-def _f(default: Any, env: str | None, doc: str) -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
-
+from flexinfer.settings import setting as _f
 
 #: the FlexInfer image (flash-loader init container, benchmark Job)
 DEFAULT_FLEXINFER_IMAGE = f"ghcr.io/flexinfer/flexinfer:{__version__}"
