@@ -24,7 +24,6 @@ from flexinfer.api.common import (
     WRONG_KIND,
     ObjectMeta,
     SpecError,
-    format_duration,
     format_time,
     parse_duration,
     parse_quantity,
@@ -46,6 +45,7 @@ from flexinfer.api.lora import LoRAAdapter, LoRAAdapterSpec, LoRAAdapterStatus
 from flexinfer.api.model_view import Model, ModelSpec, ModelStatus, Source
 from flexinfer.api.modelcache import ModelCache, ModelCacheSpec, ModelCacheStatus
 from flexinfer.api.modeldeployment import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus
+from flexinfer.units import format_duration
 
 __all__ = [
     "BACKEND_UNSUPPORTED",
