@@ -2,7 +2,9 @@
 
 Nothing else in FlexInfer reads ``os.environ``. Each field documents its meaning and default; the
 defaults follow the reliability plan (``shared/reference/reliability-plan.md`` §6) and the original
-proxy (``PROXY_*`` variables). Booleans accept 1/true/yes/on and 0/false/no/off.
+proxy (``PROXY_*`` variables). Booleans accept 1/true/yes/on and 0/false/no/off; float fields are
+durations and take a number of seconds (``30``, ``0.5``) or Go syntax (``500ms``, ``1m30s``, see
+``flexinfer.units``). Every field is built by :func:`setting`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from flexinfer import units
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -33,20 +37,11 @@ def parse_bool(name: str, raw: str) -> bool:
 
 
 def parse_duration(name: str, raw: str) -> float:
-    """Seconds from ``"30"``, ``"30s"``, ``"500ms"``, ``"5m"``, ``"1h"``."""
-    v = raw.strip().lower()
-    mult = 1.0
-    for suffix, m in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if v.endswith(suffix):
-            v, mult = v[: -len(suffix)], m
-            break
+    """Seconds from a bare number (``"30"``, ``"0.5"``) or a Go-style duration (``"500ms"``, ``"1m30s"``)."""
     try:
-        out = float(v) * mult
-    except ValueError:
-        raise SettingsError(f"{name}: expected a duration like 30s, 5m or 500ms, got {raw!r}") from None
-    if out < 0 or out != out:
-        raise SettingsError(f"{name}: must be a non-negative duration, got {raw!r}")
-    return out
+        return units.parse_duration(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}: {exc}") from None
 
 
 def _coerce(name: str, typ: Any, raw: str) -> Any:
@@ -80,8 +75,13 @@ def from_env(cls: Any, env: Mapping[str, str] | None = None, **overrides: Any) -
     return obj
 
 
-def _f(default: Any, env: str | None = None, doc: str = "") -> Any:
+def setting(default: Any, env: str | None = None, doc: str = "") -> Any:
+    """A documented settings field: its default, the environment variable :func:`from_env` reads it
+    from (None: flags or code only) and a one-line doc. Every settings dataclass builds its fields so."""
     return field(default=default, metadata={"env": env, "doc": doc})
+
+
+_f = setting  # the short name the tables below use
 
 
 @dataclass(frozen=True, slots=True)

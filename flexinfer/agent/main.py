@@ -17,7 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -29,12 +29,9 @@ from flexinfer.agent.kv import scrape_kv_usage
 from flexinfer.agent.publish import desired_state, node_patch
 from flexinfer.kubeclient import new_api_client
 from flexinfer.settings import SettingsError, from_env
+from flexinfer.settings import setting as _f
 
 log = logging.getLogger(__name__)
-
-
-def _f(default: Any, env: str | None = None, doc: str = "") -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
 
 
 @dataclass(frozen=True, slots=True)

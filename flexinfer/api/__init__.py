@@ -25,7 +25,6 @@ from flexinfer.api.common import (
     WRONG_KIND,
     ObjectMeta,
     SpecError,
-    format_duration,
     format_time,
     parse_duration,
     parse_quantity,
@@ -47,6 +46,7 @@ from flexinfer.api.model_view import Model, ModelSpec, ModelStatus, Source
 from flexinfer.api.modelcache import ModelCache, ModelCacheSpec, ModelCacheStatus
 from flexinfer.api.modeldeployment import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus
 from flexinfer.api.registry import KINDS, PARSERS, kind_def, parse
+from flexinfer.units import format_duration
 
 __all__ = [
     "BACKEND_UNSUPPORTED",

@@ -1,25 +1,24 @@
 """Shared pieces of the API: ``SpecError``, durations, quantities, timestamps and ``ObjectMeta``.
 
-Owns: the group/version constants, the ONE duration parser (Go syntax: ``"30s"``, ``"5m"``,
-``"1h30m"``, ``"250ms"``), the Kubernetes quantity parser, RFC 3339 timestamps and the typed view
-of ``metadata``. Every typed view raises ``SpecError(reason, message)``; the operator copies the
+Owns: the group/version constants, the ``SpecError`` face of the duration parser (Go syntax:
+``"30s"``, ``"5m"``, ``"1h30m"``, ``"250ms"``) and of the Kubernetes quantity parser (both grammars
+live in ``flexinfer.units``), RFC 3339 timestamps and the typed view of ``metadata``. Every typed view raises ``SpecError(reason, message)``; the operator copies the
 CamelCase reason onto a condition.
 
 Must not: import Kubernetes clients, kopf, or anything of ours but ``flexinfer.labels`` (the one home of
-well-known keys: group, finalizers, selector labels).
+well-known keys: group, finalizers, selector labels) and ``flexinfer.units``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
-from flexinfer import labels
+from flexinfer import labels, units
 
 GROUP = labels.API_GROUP
 V1ALPHA1 = "v1alpha1"
@@ -53,79 +52,27 @@ INVALID_SOURCE = "InvalidSource"  # a source the backend cannot load
 BACKEND_UNSUPPORTED = "BackendUnsupported"  # the backend does not run on the chosen vendor
 WRONG_KIND = "WrongKind"
 
-# ---- durations ---------------------------------------------------------------------------------
-
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-#: the pattern the CRD schemas put on duration strings (Go's syntax, non-negative, no µ)
-DURATION_PATTERN = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+)$"
-_DURATION_RE = re.compile(DURATION_PATTERN)
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
+# ---- durations and quantities: the grammars live in flexinfer.units ------------------------------
 
 
 def parse_duration(value: str | int | float, *, path: str = "duration") -> float:
     """Seconds in a Go-style duration: ``"5m"`` -> 300.0, ``"1h30m"`` -> 5400.0, ``"0"`` -> 0.0.
 
-    Numbers are taken as seconds. Raises ``SpecError("InvalidSpec", ...)`` naming ``path``.
+    Numbers are taken as seconds; strings must be Go syntax (``"30"`` is not, as in the CRD
+    schemas). Raises ``SpecError("InvalidSpec", ...)`` naming ``path``.
     """
-    if isinstance(value, bool):
-        raise SpecError(INVALID_SPEC, f"{path}: expected a duration like 30s, 5m or 1h30m, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise SpecError(INVALID_SPEC, f"{path}: must not be negative, got {value!r}")
-        return float(value)
-    s = value.strip() if isinstance(value, str) else ""
-    if not isinstance(value, str) or not _DURATION_RE.match(s):
-        raise SpecError(INVALID_SPEC, f"{path}: expected a duration like 30s, 5m or 1h30m, got {value!r}")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(s))
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest Go-style spelling of whole seconds: 300 -> ``"5m"``, 5400 -> ``"1h30m"``."""
-    if seconds <= 0:
-        return "0"
-    if seconds != int(seconds):
-        return f"{round(seconds * 1000)}ms"
-    s = int(seconds)
-    out = ""
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        if s >= size:
-            out += f"{s // size}{unit}"
-            s %= size
-    return out
-
-
-# ---- quantities ----------------------------------------------------------------------------------
-
-#: the Kubernetes resource.Quantity pattern (as emitted by controller-gen)
-QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
-_SUFFIX: dict[str, Decimal] = {
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-    "P": Decimal(10**15), "E": Decimal(10**18),
-}
+    try:
+        return units.parse_duration(value, bare_seconds=False)
+    except ValueError as exc:
+        raise SpecError(INVALID_SPEC, f"{path}: {exc}") from None
 
 
 def parse_quantity(value: str | int | float, *, path: str = "quantity") -> Decimal:
     """The value of a Kubernetes quantity: ``"50Gi"`` -> 53687091200, ``"100m"`` -> 0.1."""
-    if isinstance(value, bool):
-        raise SpecError(INVALID_SPEC, f"{path}: expected a quantity like 50Gi, got {value!r}")
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    s = value.strip()
-    if not _QUANTITY_RE.match(s):
-        raise SpecError(INVALID_SPEC, f"{path}: expected a quantity like 50Gi or 500m, got {value!r}")
-    for suf in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"):
-        if s.endswith(suf):
-            return Decimal(s[:-2]) * _SUFFIX[suf]
     try:
-        return Decimal(s)  # plain number or exponent form
-    except InvalidOperation:
-        return Decimal(s[:-1]) * _SUFFIX[s[-1]]
+        return units.parse_quantity(value)
+    except ValueError as exc:
+        raise SpecError(INVALID_SPEC, f"{path}: {exc}") from None
 
 
 # ---- timestamps ----------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexinfer.api.common import CATEGORY, DURATION_PATTERN, GROUP, QUANTITY_PATTERN
+from flexinfer.api.common import CATEGORY, GROUP
+from flexinfer.units import DURATION_PATTERN, QUANTITY_PATTERN
 
 Schema = dict[str, Any]
 Check = Callable[[Any], bool]

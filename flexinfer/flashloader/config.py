@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flexinfer.settings import SettingsError, from_env
+from flexinfer.settings import setting as _f
 
 DEFAULT_EXCLUDES: tuple[str, ...] = (".cache/", ".git/")
 
@@ -24,10 +25,6 @@ class FlashError(Exception):
 
 
 # ---- configuration ---------------------------------------------------------------------------
-
-def _f(default: Any, env: str, doc: str) -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
-
 
 _VERIFY_MODES = {
     "": "none", "0": "none", "false": "none", "no": "none", "off": "none", "none": "none",

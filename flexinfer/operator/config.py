@@ -16,12 +16,8 @@ from typing import Any
 
 from flexinfer import __version__
 from flexinfer.settings import SettingsError, from_env
+from flexinfer.settings import setting as _f
 from flexinfer.sharing import Windows
-
-
-def _f(default: Any, env: str | None, doc: str) -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
-
 
 #: the FlexInfer image (flash-loader init container, benchmark Job)
 DEFAULT_FLEXINFER_IMAGE = f"ghcr.io/flexinfer/flexinfer:{__version__}"

@@ -120,10 +120,10 @@ class Forwarder:
             err = orjson.loads(raw).get("error") if raw else None
         except (UpstreamError, orjson.JSONDecodeError, AttributeError):
             err = None
-        if not isinstance(err, dict):
-            err = {"message": f"backend answered {up.status}", "type": "server_error", "param": None,
-                   "code": "upstream_error"}
-        resp.write(sse_event(orjson.dumps({"error": err})))
+        if isinstance(err, dict):  # the backend's own error object, passed on as it is
+            resp.write(sse_event(orjson.dumps({"error": err})))
+        else:
+            resp.write(sse_error(errors.BadGateway(f"backend answered {up.status}")))
         resp.end()
         self.metrics.count(view.name, up.status)
 
@@ -178,8 +178,7 @@ class Forwarder:
 
 def sse_error(err: errors.FlexInferError) -> bytes:
     """An OpenAI error object as one SSE event (the openai client raises APIError on it)."""
-    return sse_event(orjson.dumps({"error": {"message": err.message, "type": err.type, "param": err.param,
-                                             "code": err.error_code}}))
+    return sse_event(err.body())
 
 
 def _map_upstream(exc: UpstreamError, view: ModelView) -> errors.FlexInferError:

@@ -32,10 +32,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from flexinfer import labels
+from flexinfer import labels, units
 from flexinfer.backends import Support, UnknownBackendError, canonical_name, support_level
 from flexinfer.scheduler.settings import ExtenderSettings
 
@@ -54,29 +55,28 @@ def parse_float(raw: Any) -> float | None:
 
 
 def parse_quantity_int(raw: Any) -> int | None:
-    """An integer extended-resource quantity ("1", "2", 2), or None."""
-    if isinstance(raw, bool):
+    """A non-negative integer extended-resource quantity (``"1"``, ``"2"``, ``2``), or None."""
+    try:
+        q = units.parse_quantity(raw)
+    except ValueError:
         return None
-    if isinstance(raw, int):
-        return raw if raw >= 0 else None
-    v = parse_float(raw)
-    if v is None or v < 0 or v != int(v):
-        return None
-    return int(v)
+    return int(q) if q >= 0 and q == q.to_integral_value() else None
+
+
+_GI = Decimal(2**30)
 
 
 def parse_vram_gi(raw: Any) -> float | None:
-    """``"24Gi"`` → 24.0, ``"24576Mi"`` → 24.0, ``"24"`` → 24.0; None when unreadable."""
+    """``"24Gi"`` → 24.0, ``"24576Mi"`` → 24.0, ``"24"`` → 24.0 (a bare number is GiB); None when unreadable."""
     if not isinstance(raw, str):
         return None
-    s = raw.strip()
-    factor = 1.0
-    if s.endswith("Gi"):
-        s = s[:-2]
-    elif s.endswith("Mi"):
-        s, factor = s[:-2], 1 / 1024
-    v = parse_float(s)
-    return v * factor if v is not None and v >= 0 else None
+    try:
+        q = units.parse_quantity(raw)
+    except ValueError:
+        return None
+    if q < 0:
+        return None
+    return float(q) if raw.strip()[-1] in "0123456789." else float(q / _GI)
 
 
 # ---- backend / arch compatibility ---------------------------------------------------------------------

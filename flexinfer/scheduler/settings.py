@@ -7,15 +7,12 @@ the environment. The defaults are the original extender's (reference §5).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flexinfer import labels
 from flexinfer.settings import SettingsError, from_env
-
-
-def _f(default: Any, env: str | None = None, doc: str = "") -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
+from flexinfer.settings import setting as _f
 
 
 @dataclass(frozen=True, slots=True)

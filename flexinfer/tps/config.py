@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flexinfer import labels
 from flexinfer.settings import SettingsError, from_env
+from flexinfer.settings import setting as _f
 
 DEFAULT_PROMPT = "Write a long story about a space adventure to Mars."
 
@@ -32,10 +33,6 @@ class HTTPStatusError(BenchError):
 
 
 # ---- configuration ---------------------------------------------------------------------------
-
-def _f(default: Any, env: str | None, doc: str) -> Any:
-    return field(default=default, metadata={"env": env, "doc": doc})
-
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
