@@ -168,11 +168,3 @@ class KubeClient:
                 return False
             raise
         return True
-
-
-async def make_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ``ApiClient`` (see :func:`flexinfer.kubeclient.new_api_client`)."""
-    from flexinfer.kubeclient import new_api_client
-
-    client: k8s.ApiClient = await new_api_client(kubeconfig)
-    return client

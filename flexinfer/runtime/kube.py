@@ -45,7 +45,7 @@ from flexinfer.api.lora import LORA_ADAPTER as LORA_KIND
 from flexinfer.api.model import MODEL as MODEL_KIND
 from flexinfer.api.modeldeployment import MODEL_DEPLOYMENT as MODEL_DEPLOYMENT_KIND
 from flexinfer.api.schema import KindDef
-from flexinfer.kubeclient import new_api_client
+from flexinfer.k8s.client import new_api_client
 from flexinfer.runtime.base import ModelView
 from flexinfer.runtime.kubeviews import (
     EMPTY_INDEX,

@@ -14,7 +14,7 @@ import gc
 import logging
 from typing import Any
 
-from flexinfer.kubeclient import new_api_client
+from flexinfer.k8s.client import new_api_client
 from flexinfer.scheduler.server import ExtenderHandler, make_app
 from flexinfer.scheduler.settings import load_extender_settings
 
