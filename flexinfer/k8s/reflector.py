@@ -1,4 +1,4 @@
-"""Resumable list+watch of one Kubernetes resource, for the ``kube`` runtime.
+"""The one resumable list+watch of a Kubernetes resource (a reflector): ``ResourceWatch``.
 
 Owns: the loop that keeps a local copy of one resource in step with the API server, the way
 client-go's reflector does: list (remember the list's ``resourceVersion``) -> watch from it with
@@ -9,8 +9,10 @@ ends at once without news counts as a failure, so a server that keeps closing wa
 request storm. Objects reach the owner as raw dicts (``on_sync(items)`` after each list,
 ``on_event(type, obj)`` per change); the owner decides what they mean.
 
-Must not: interpret objects, touch the proxy, or retry without a delay after a failure. Only this
-module and ``runtime/kube*.py`` may import ``kubernetes_asyncio`` on the proxy side.
+Used by the proxy's ``kube`` runtime. Delays come from :class:`~flexinfer.k8s.backoff.Backoff`, errors
+are :class:`~flexinfer.k8s.errors.KubeAPIError`.
+
+Must not: interpret objects, touch the proxy, or retry without a delay after a failure.
 """
 
 from __future__ import annotations
@@ -27,74 +29,14 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from flexinfer.k8s.backoff import Backoff
+from flexinfer.k8s.errors import KubeAPIError
+
 log = logging.getLogger("flexinfer.kube.watch")
 
 ListFn = Callable[..., Awaitable[Any]]
 SyncFn = Callable[[list[dict[str, Any]]], None]
 EventFn = Callable[[str, dict[str, Any]], None]
-
-MAX_RETRY_AFTER = 30.0
-
-
-class KubeAPIError(Exception):
-    """An API request failed: HTTP ``status`` (0 for a transport error), reason, Retry-After."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-
-    @property
-    def retryable(self) -> bool:
-        """Worth trying again: conflicts, throttling, server errors and transport errors."""
-        return self.status in (0, 409, 429) or self.status >= 500
-
-    @classmethod
-    def from_api_exception(cls, exc: ApiException) -> KubeAPIError:
-        status = int(exc.status or 0)
-        message = _status_message(exc.body) or str(exc.reason or "") or f"HTTP {status}"
-        return cls(status, message, _retry_after(exc.headers))
-
-
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    if not headers:
-        return None
-    raw = headers.get("Retry-After")
-    if raw is None:
-        return None
-    try:
-        return max(0.0, min(MAX_RETRY_AFTER, float(raw)))
-    except ValueError:
-        return None
-
-
-def _status_message(body: Any) -> str:
-    """The ``message`` of a ``v1.Status`` body (bytes, str or dict), or ''."""
-    try:
-        data = json.loads(body) if isinstance(body, bytes | str) else body
-    except ValueError:
-        return ""
-    if isinstance(data, Mapping):
-        return str(data.get("message") or data.get("reason") or "")
-    return ""
-
-
-class Backoff:
-    """Exponential delays ``base * 2**n`` capped at ``cap``, each scaled by a jitter in [0.5, 1.0)."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0, rng: Callable[[], float] = random.random) -> None:
-        self.base = base
-        self.cap = cap
-        self.rng = rng
-        self.failures = 0
-
-    def next(self, at_least: float = 0.0) -> float:
-        delay = min(self.cap, self.base * (2 ** min(self.failures, 30)))
-        self.failures += 1
-        return max(at_least, delay * (0.5 + self.rng() / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 @dataclass
@@ -164,17 +106,17 @@ class ResourceWatch:
 
     async def _failed(self, exc: KubeAPIError) -> None:
         self.stats.errors += 1
-        self.last_error = str(exc)
-        delay = self.backoff.next(at_least=exc.retry_after or 0.0)
+        self.last_error = exc.detail
+        delay = self.backoff.next(exc.retry_after)
         if exc.status in (401, 403, 404):
             # no permission or the CRD is not installed: say so once per status, keep trying slowly
             self.settled.set()
             if self._logged_status != exc.status:
-                log.warning("watch %s: HTTP %d %s; retrying every %gs at most", self.name, exc.status, exc,
+                log.warning("watch %s: HTTP %d %s; retrying every %gs at most", self.name, exc.status, exc.detail,
                             self.backoff.cap)
                 self._logged_status = exc.status
         else:
-            log.warning("watch %s failed (%s); retrying in %.2fs", self.name, exc, delay)
+            log.warning("watch %s failed (%s); retrying in %.2fs", self.name, exc.detail, delay)
         await asyncio.sleep(delay)
 
     # -- list --------------------------------------------------------------------------------------
@@ -194,9 +136,9 @@ class ResourceWatch:
             body = await resp.read()
         finally:
             resp.release()
-        err = KubeAPIError(resp.status, _status_message(body) or f"HTTP {resp.status}", _retry_after(resp.headers))
+        err = KubeAPIError.from_response(resp.status, body, resp.headers)
         if resp.status == 410:
-            raise _Expired(str(err))
+            raise _Expired(err.detail)
         raise err
 
     async def _list(self) -> None:
