@@ -25,7 +25,8 @@ class KubeAPIError(Exception):
     ``HTTP <status>``); :attr:`detail` is the text without the status, for messages that print it.
     """
 
-    def __init__(self, status: int, message: str, *, reason: str = "", retry_after: float | None = None) -> None:
+    def __init__(self, status: int, message: str, *, reason: str = "",
+                 retry_after: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}" if reason else message or f"HTTP {status}")
         self.status = status
         self.reason = reason

@@ -34,6 +34,7 @@ import kopf
 
 from flexinfer import labels
 from flexinfer.k8s.client import new_api_client
+from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.operator import gpugroup, lora, model, modelcache, modeldeployment
 from flexinfer.operator.context import CACHE_Q, GPUGROUP_Q, GROUP_Q, LORA_Q, MD_Q, MODEL_Q, Operator
 from flexinfer.operator.controller import WorkQueue, Writer
@@ -52,7 +53,7 @@ from flexinfer.operator.kinds import (
     SERVICE,
     Kind,
 )
-from flexinfer.operator.kubeapi import ApiError, KubeClient
+from flexinfer.operator.kubeapi import KubeClient
 from flexinfer.operator.model_logic import ALIAS_CONFLICT, claimed_names
 from flexinfer.operator.results import Result
 
@@ -256,7 +257,7 @@ def build_registry(op: Operator, *, kubeconfig: str | None = None) -> kopf.Opera
     async def model_changed(*, namespace: str | None, name: str, **_: Any) -> None:
         try:
             result: Result = await op.queues[MODEL_Q].run_now((namespace or "default", name))
-        except ApiError as e:
+        except KubeAPIError as e:
             raise kopf.TemporaryError(str(e), delay=e.retry_after or op.settings.retry_base_s) from e
         if result.permanent:
             raise kopf.PermanentError(result.permanent)
