@@ -7,7 +7,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "flexinfer"
 KUBE_LIBS = ("kubernetes_asyncio", "kopf", "kubernetes")
-KUBE_ALLOWED = ("flexinfer.kubeclient", "flexinfer.runtime.kube", "flexinfer.operator", "flexinfer.scheduler", "flexinfer.agent",
+KUBE_ALLOWED = ("flexinfer.k8s", "flexinfer.runtime.kube", "flexinfer.operator", "flexinfer.scheduler", "flexinfer.agent",
                 "flexinfer.tps")
 
 

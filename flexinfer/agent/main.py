@@ -27,7 +27,7 @@ from flexinfer import labels
 from flexinfer.agent.discovery import GPU, Discovery, OnceLog
 from flexinfer.agent.kv import scrape_kv_usage
 from flexinfer.agent.publish import desired_state, node_patch
-from flexinfer.kubeclient import new_api_client
+from flexinfer.k8s.client import new_api_client
 from flexinfer.settings import SettingsError, from_env
 from flexinfer.settings import setting as _f
 

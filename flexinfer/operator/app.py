@@ -33,6 +33,8 @@ from typing import Any
 import kopf
 
 from flexinfer import labels
+from flexinfer.k8s.client import new_api_client
+from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.operator import gpugroup, lora, model, modelcache, modeldeployment
 from flexinfer.operator.api_resources import (
     CONFIGMAP,
@@ -51,7 +53,7 @@ from flexinfer.operator.api_resources import (
 )
 from flexinfer.operator.context import CACHE_Q, GPUGROUP_Q, GROUP_Q, LORA_Q, MD_Q, MODEL_Q, Operator
 from flexinfer.operator.controller import WorkQueue, Writer
-from flexinfer.operator.kubeapi import ApiError, KubeClient, make_api_client
+from flexinfer.operator.kubeapi import KubeClient
 from flexinfer.operator.model_logic import ALIAS_CONFLICT, claimed_names
 from flexinfer.operator.results import Result
 
@@ -194,7 +196,7 @@ async def start(op: Operator, indices: Mapping[str, Any], kubeconfig: str | None
     for kind, _ in WATCHED:
         op.store.bind(kind, indices[index_id(kind)], indices[index_id(kind, True)])
     if op.kube is None:
-        api = await make_api_client(kubeconfig)
+        api = await new_api_client(kubeconfig)
         op.kube = KubeClient(api, timeout_s=op.settings.request_timeout_s, retries=op.settings.api_retries,
                              backoff_s=min(1.0, op.settings.retry_base_s))
     op.writer = Writer(op.kube, op.store)
@@ -255,7 +257,7 @@ def build_registry(op: Operator, *, kubeconfig: str | None = None) -> kopf.Opera
     async def model_changed(*, namespace: str | None, name: str, **_: Any) -> None:
         try:
             result: Result = await op.queues[MODEL_Q].run_now((namespace or "default", name))
-        except ApiError as e:
+        except KubeAPIError as e:
             raise kopf.TemporaryError(str(e), delay=e.retry_after or op.settings.retry_base_s) from e
         if result.permanent:
             raise kopf.PermanentError(result.permanent)

@@ -5,8 +5,9 @@ Owns:
 - ``WorkQueue``: level-based reconciles keyed by object. Triggers coalesce (a key is queued once,
   at its earliest due time); one key is never reconciled twice at the same time; a reconcile's
   answer (``Result.requeue_after``) schedules the next one; a failure backs off exponentially per
-  key (``ApiError.retry_after`` wins). ``run_now`` runs a reconcile inline (kopf change handlers use
-  it to turn outcomes into ``PermanentError``/``TemporaryError``).
+  key (:class:`~flexinfer.k8s.backoff.Backoff`, no jitter; a longer ``KubeAPIError.retry_after``
+  wins). ``run_now`` runs a reconcile inline (kopf change handlers use it to turn outcomes into
+  ``PermanentError``/``TemporaryError``).
 - ``Writer``: the only place that writes: ``ensure`` (create, adopt on 409 AlreadyExists, or patch
   only what differs, see ``diff``), ``delete``, ``patch_status`` (managed status fields only),
   finalizer add/remove guarded by the resourceVersion (409 on a race, then a fresh reconcile).
@@ -30,9 +31,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flexinfer.api.common import format_time
+from flexinfer.k8s.backoff import Backoff
+from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.operator.api_resources import EVENT, Kind
 from flexinfer.operator.diff import merge_patch, strip_none
-from flexinfer.operator.kubeapi import ApiError, KubeClient
+from flexinfer.operator.kubeapi import KubeClient
 from flexinfer.operator.results import Event, Result
 from flexinfer.operator.store import Store, rv_of
 
@@ -50,8 +53,7 @@ class WorkQueue:
         self.name = name
         self.fn = fn
         self.workers = workers
-        self.retry_base_s = retry_base_s
-        self.retry_max_s = retry_max_s
+        self.backoff = Backoff(retry_base_s, retry_max_s, jitter=(1.0, 1.0))  # the count is per key
         self.clock = clock
         self._due: dict[Hashable, float] = {}
         self._heap: list[tuple[float, int, Hashable]] = []
@@ -124,10 +126,8 @@ class WorkQueue:
         except Exception as e:
             self.errors += 1
             n = self._failures[key] = self._failures.get(key, 0) + 1
-            delay = min(self.retry_max_s, self.retry_base_s * (2 ** (n - 1)))
-            if isinstance(e, ApiError) and e.retry_after is not None:
-                delay = max(delay, e.retry_after)
-            if isinstance(e, ApiError):
+            delay = self.backoff.delay(n, e.retry_after if isinstance(e, KubeAPIError) else None)
+            if isinstance(e, KubeAPIError):
                 log.info("%s %s: %s; retry in %.1fs", self.name, key, e, delay)
             else:
                 log.exception("%s %s: reconcile failed; retry in %.1fs", self.name, key, delay)
@@ -225,7 +225,7 @@ class EventRecorder:
             try:
                 await self.kube.create(EVENT, body["metadata"]["namespace"], body)
                 self.posted += 1
-            except ApiError as e:
+            except KubeAPIError as e:
                 self.dropped += 1
                 log.warning("event for %s not posted: %s", body["involvedObject"]["name"], e)
 
@@ -268,7 +268,7 @@ class Writer:
         if observed is None:
             try:
                 created = await self.kube.create(kind, ns, strip_none(desired))
-            except ApiError as e:
+            except KubeAPIError as e:
                 if not e.conflict:
                     raise
                 observed = await self.kube.get(kind, ns, name)  # adopt what is there
@@ -282,7 +282,8 @@ class Writer:
         for key in immutable:
             if key in spec_d and spec_d[key] != spec_o.get(key):
                 await self.delete(kind, observed)
-                raise ApiError(409, "Immutable", f"{kind.kind} {ns}/{name}: spec.{key} changed; recreating")
+                raise KubeAPIError(409, f"{kind.kind} {ns}/{name}: spec.{key} changed; recreating",
+                                   reason="Immutable")
         patch = merge_patch(desired, observed, owned)
         patch.pop("apiVersion", None)
         patch.pop("kind", None)
@@ -291,7 +292,7 @@ class Writer:
         after = await self.kube.patch(kind, ns, name, patch)
         if after is None:
             self.store.deleted(kind, ns, name, observed)
-            raise ApiError(404, "NotFound", f"{kind.kind} {ns}/{name} disappeared while patching")
+            raise KubeAPIError(404, f"{kind.kind} {ns}/{name} disappeared while patching", reason="NotFound")
         self.store.wrote(kind, observed, after)
         return True, after
 
@@ -303,7 +304,7 @@ class Writer:
             return False, observed
         try:
             created = await self.kube.create(kind, ns, strip_none(desired))
-        except ApiError as e:
+        except KubeAPIError as e:
             if not e.conflict:
                 raise
             got = await self.kube.get(kind, ns, name)
@@ -353,7 +354,7 @@ class Writer:
             return obj
         after = await self.patch(kind, obj, {"metadata": {"finalizers": [*fins, finalizer]}}, guard=True)
         if after is None:
-            raise ApiError(404, "NotFound", "object disappeared while adding the finalizer")
+            raise KubeAPIError(404, "object disappeared while adding the finalizer", reason="NotFound")
         return after
 
     async def remove_finalizer(self, kind: Kind, obj: Mapping[str, Any], finalizer: str) -> None:

@@ -1,9 +1,10 @@
 """The operator's own API client: generic CRUD on plain dicts over ``kubernetes_asyncio``.
 
 Owns: the kinds the operator reads and writes (``Kind``: group, version, plural, kind, scope),
-their URL paths, one retry policy for every request (429 with ``Retry-After``, 5xx, timeouts and
-connection errors are retried a bounded number of times; 4xx are not) and the ``ApiError`` the
-reconcilers see. Objects stay plain JSON dicts: no model classes, no deserialisation cost.
+their URL paths, and one retry policy for every request (429 with ``Retry-After``, 5xx, timeouts and
+connection errors are retried a bounded number of times, with :class:`~flexinfer.k8s.backoff.Backoff`;
+4xx are not). Failures reach the reconcilers as :class:`~flexinfer.k8s.errors.KubeAPIError`.
+Objects stay plain JSON dicts: no model classes, no deserialisation cost.
 
 kopf watches and indexes the cluster; every write the reconcilers make goes through here.
 Must not: hold any reconcile logic.
@@ -12,67 +13,22 @@ Must not: hold any reconcile logic.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import random
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from flexinfer.k8s.backoff import Backoff
+from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.operator.api_resources import Kind
 
 log = logging.getLogger("flexinfer.operator.api")
 
 
-RETRYABLE = frozenset({429, 500, 502, 503, 504})
-MAX_RETRY_AFTER_S = 30.0
-
-
-class ApiError(Exception):
-    """A request the API server refused (or that never got an answer: ``status`` 0)."""
-
-    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.retry_after = retry_after
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
-
-    @property
-    def already_exists(self) -> bool:
-        return self.status == 409 and self.reason == "AlreadyExists"
-
-
-def _api_error(exc: ApiException) -> ApiError:
-    status = int(exc.status or 0)
-    reason, message = str(exc.reason or ""), ""
-    body: Any = exc.body
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str) and body:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            message = body[:500]
-        else:
-            if isinstance(data, Mapping):
-                reason = str(data.get("reason") or reason)
-                message = str(data.get("message") or "")
-    retry_after: float | None = None
-    headers: Any = exc.headers or {}
-    raw = headers.get("Retry-After") if hasattr(headers, "get") else None
-    if raw:
-        try:
-            retry_after = min(MAX_RETRY_AFTER_S, max(0.0, float(raw)))
-        except ValueError:
-            retry_after = None
-    return ApiError(status, reason, message, retry_after)
+RETRYABLE = frozenset({429, 500, 502, 503, 504})  # and 0 (no answer); a 409 is the reconcile's to handle
 
 
 class KubeClient:
@@ -90,20 +46,21 @@ class KubeClient:
 
     async def request(self, method: str, path: str, body: Any = None, *, query: Mapping[str, str] | None = None,
                       content_type: str = "application/json") -> Any:
-        """One request with the retry policy; the decoded JSON answer (None when empty)."""
-        attempt = 0
+        """One request with the retry policy; the decoded JSON answer (None when empty).
+
+        The n-th retry waits ``backoff_s * 2**(n-1)``, or the server's Retry-After instead, times 1.0-1.2."""
+        backoff = Backoff(self.backoff_s, math.inf, jitter=(1.0, 1.2), retry_after="replace")
         while True:
             try:
                 return await self._once(method, path, body, query, content_type)
-            except ApiError as e:
+            except KubeAPIError as e:
                 if e.status not in RETRYABLE and e.status != 0:
                     raise
-                if attempt >= self.retries:
+                if backoff.failures >= self.retries:
                     raise
-                delay = e.retry_after if e.retry_after is not None else self.backoff_s * (2 ** attempt)
-                delay *= 1.0 + random.uniform(0, 0.2)
-                log.info("%s %s: %s; retry %d/%d in %.1fs", method, path, e, attempt + 1, self.retries, delay)
-                attempt += 1
+                delay = backoff.next(e.retry_after)
+                log.info("%s %s: %s; retry %d/%d in %.1fs", method, path, e, backoff.failures, self.retries,
+                         delay)
                 await asyncio.sleep(delay)
 
     async def _once(self, method: str, path: str, body: Any, query: Mapping[str, str] | None,
@@ -116,11 +73,11 @@ class KubeClient:
                 auth_settings=["BearerToken"], _return_http_data_only=True, _preload_content=True,
                 _request_timeout=self.timeout_s)
         except ApiException as e:
-            raise _api_error(e) from None
+            raise KubeAPIError.from_api_exception(e) from None
         except TimeoutError as e:
-            raise ApiError(0, "Timeout", f"no answer within {self.timeout_s:g}s") from e
+            raise KubeAPIError(0, f"no answer within {self.timeout_s:g}s", reason="Timeout") from e
         except OSError as e:  # aiohttp.ClientConnectionError is an OSError
-            raise ApiError(0, "ConnectionError", str(e) or type(e).__name__) from e
+            raise KubeAPIError(0, str(e) or type(e).__name__, reason="ConnectionError") from e
         return data
 
     # ---- verbs ------------------------------------------------------------------------------------
@@ -128,7 +85,7 @@ class KubeClient:
     async def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             out: dict[str, Any] = await self.request("GET", kind.path(namespace, name))
-        except ApiError as e:
+        except KubeAPIError as e:
             if e.status == 404:
                 return None
             raise
@@ -151,7 +108,7 @@ class KubeClient:
         try:
             out: dict[str, Any] = await self.request("PATCH", kind.path(namespace, name, sub), patch,
                                                      content_type=ctype)
-        except ApiError as e:
+        except KubeAPIError as e:
             if e.status == 404:
                 return None
             raise
@@ -163,16 +120,8 @@ class KubeClient:
         try:
             await self.request("DELETE", kind.path(namespace, name),
                                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
-        except ApiError as e:
+        except KubeAPIError as e:
             if e.status == 404:
                 return False
             raise
         return True
-
-
-async def make_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ``ApiClient`` (see :func:`flexinfer.kubeclient.new_api_client`)."""
-    from flexinfer.kubeclient import new_api_client
-
-    client: k8s.ApiClient = await new_api_client(kubeconfig)
-    return client

@@ -2,7 +2,7 @@
 
 Owns, for ``flexinfer proxy --kube``:
 
-- the **inventory**: resumable watches (:mod:`flexinfer.runtime.kubewatch`) of Model (v1alpha2),
+- the **inventory**: resumable watches (:mod:`flexinfer.k8s.reflector`) of Model (v1alpha2),
   ModelDeployment (v1alpha1), LoRAAdapter, GPUGroup, Services and EndpointSlices in the proxy's
   namespace (or all) and of Nodes labelled ``flexinfer.ai/spot-terminating``; each event updates the
   local state (:mod:`flexinfer.runtime.kubeviews`), rebuilds only the affected models' views and swaps
@@ -45,7 +45,10 @@ from flexinfer.api.lora import LORA_ADAPTER as LORA_KIND
 from flexinfer.api.model import MODEL as MODEL_KIND
 from flexinfer.api.modeldeployment import MODEL_DEPLOYMENT as MODEL_DEPLOYMENT_KIND
 from flexinfer.api.schema import KindDef
-from flexinfer.kubeclient import new_api_client
+from flexinfer.k8s.backoff import Backoff
+from flexinfer.k8s.client import new_api_client
+from flexinfer.k8s.errors import KubeAPIError
+from flexinfer.k8s.reflector import ResourceWatch
 from flexinfer.runtime.base import ModelView
 from flexinfer.runtime.kubeviews import (
     EMPTY_INDEX,
@@ -62,7 +65,6 @@ from flexinfer.runtime.kubeviews import (
     Key,
     NsName,
 )
-from flexinfer.runtime.kubewatch import Backoff, KubeAPIError, ResourceWatch
 
 log = logging.getLogger("flexinfer.kube")
 
@@ -433,8 +435,8 @@ class KubeRuntime:
                 err = KubeAPIError(0, f"{type(exc).__name__}: {exc}")
             if not err.retryable or attempt == t.patch_attempts:
                 raise WakeError(_readable(err, what, attempt)) from None
-            delay = backoff.next(at_least=err.retry_after or 0.0)
-            log.info("patch %s: HTTP %d %s; retry %d in %.2fs", what, err.status, err, attempt, delay)
+            delay = backoff.next(err.retry_after)
+            log.info("patch %s: HTTP %d %s; retry %d in %.2fs", what, err.status, err.detail, attempt, delay)
             await asyncio.sleep(delay)
 
 
@@ -442,8 +444,8 @@ def _readable(err: KubeAPIError, what: str, attempts: int) -> str:
     if err.status == 404:
         return f"{what} not found (deleted?)"
     if err.status in (401, 403):
-        return (f"the proxy may not patch {what} (HTTP {err.status}: {err}); grant its ServiceAccount "
+        return (f"the proxy may not patch {what} (HTTP {err.status}: {err.detail}); grant its ServiceAccount "
                 "'patch' on it (README: Running in a cluster)")
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     code = f"HTTP {err.status}" if err.status else "no answer"
-    return f"patching {what} failed{tries} ({code}: {err})"
+    return f"patching {what} failed{tries} ({code}: {err.detail})"

@@ -1,28 +1,26 @@
 """In-memory inventory of the extender: Nodes, benchmark ConfigMaps and (for tenant fair share) Pods,
 kept up to date by list+watch, so that no request makes an API call.
 
-A :class:`Watcher` lists one resource, then watches it from the list's ``resourceVersion``; a
-watch that ends is resumed from the last version seen (events and bookmarks move it), a 410 Gone
-(expired version) re-lists, and errors back off exponentially (bounded, jittered). Events go through
-:meth:`Watcher.apply_event`, which tests can call directly. Stores keep only the parsed facts the
-logic needs. This module owns the Kubernetes reads of the extender and nothing else.
+A :class:`Watcher` keeps one resource kind in a store with the one list+watch reflector
+(:class:`flexinfer.k8s.reflector.ResourceWatch`): list, watch from the list's ``resourceVersion``,
+resume from the last version seen (events and bookmarks move it), re-list on 410 Gone, back off
+exponentially (bounded, jittered, ``Retry-After`` honoured) on errors and when streams end at once.
+Lists and events can be fed directly (:meth:`Watcher.apply_list`, :meth:`Watcher.apply_event`) in
+tests. Stores keep only the parsed facts the logic needs. This module owns the Kubernetes reads of the
+extender and nothing else.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import random
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-import orjson
-
 from flexinfer import labels
+from flexinfer.k8s.backoff import Backoff
+from flexinfer.k8s.reflector import ResourceWatch
 from flexinfer.scheduler.logic import NodeFacts, gpu_resources, node_facts, parse_float, static_score
 from flexinfer.scheduler.settings import ExtenderSettings
-
-log = logging.getLogger(__name__)
 
 ListCall = Callable[..., Awaitable[Any]]
 """A kubernetes_asyncio list function (``CoreV1Api.list_node``, a partial of a namespaced one)."""
@@ -168,174 +166,38 @@ class PodUsageStore:
 # ---- watcher ---------------------------------------------------------------------------------------------
 
 
-class Gone(Exception):
-    """The watch's resourceVersion expired (410): re-list."""
+LIST_TIMEOUT = 300.0
+"""Seconds one list may take: the extender lists every Node and every ConfigMap, which can be large."""
 
 
-class WatchError(Exception):
-    """The apiserver sent an ERROR event other than 410, or a malformed answer."""
+class Watcher(ResourceWatch):
+    """List+watch one resource kind into a :class:`Store`, with the one reflector.
 
-
-class APIStatusError(Exception):
-    """A list or watch request answered with a non-2xx status (``status`` says which)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-async def _check_status(resp: Any, kind: str) -> None:
-    """Raise :class:`APIStatusError` for a non-2xx raw response (kubernetes_asyncio does not when
-    ``_preload_content=False``), releasing it."""
-    status = int(getattr(resp, "status", 200))
-    if 200 <= status < 300:
-        return
-    try:
-        text = (await resp.content.read(4096)).decode("utf-8", "replace")
-    except Exception:
-        text = ""
-    finally:
-        resp.release()
-    raise APIStatusError(status, f"{kind}: {text[:300]}")
-
-
-class Watcher:
-    """List+watch one resource kind into a :class:`Store`."""
+    ``call`` is the kubernetes_asyncio list function (None: fed by :meth:`apply_list` and
+    :meth:`apply_event` only), ``selectors`` its ``label_selector``/``field_selector``; ``on_restart``
+    hears ``(kind, "gone")`` on each re-list after a 410 and ``(kind, "error")`` on each back-off.
+    """
 
     def __init__(self, kind: str, store: Store, call: ListCall | None = None, *,
                  timeout_seconds: int = 300, backoff_min: float = 0.5, backoff_max: float = 30.0,
                  on_restart: RestartHook | None = None, **selectors: str) -> None:
         self.kind = kind
         self.store = store
-        self.call = call
-        self.timeout_seconds = timeout_seconds
-        self.backoff_min = backoff_min
-        self.backoff_max = backoff_max
-        self.on_restart = on_restart
-        self.selectors = {k: v for k, v in selectors.items() if v}
-        self.resource_version: str | None = None
-        self.synced = asyncio.Event()
-        self.events_applied = 0
-        self.lists = 0
-        self._failures = 0
+        self.lists = 0  # lists applied to the store
+        super().__init__(kind, call, (), {k: v for k, v in selectors.items() if v},
+                         on_sync=self._replace, on_event=self._apply, backoff=Backoff(backoff_min, backoff_max),
+                         watch_timeout=timeout_seconds, list_timeout=LIST_TIMEOUT,
+                         on_restart=None if on_restart is None else functools.partial(on_restart, kind))
 
-    # -- pure-ish state changes ---------------------------------------------------------------------
-
-    def apply_event(self, type_: str, obj: Mapping[str, Any]) -> None:
-        """Apply one watch event (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR)."""
-        t = type_.upper()
-        if t == "ERROR":
-            code = obj.get("code") if isinstance(obj, Mapping) else None
-            if code == 410:
-                raise Gone(str(obj.get("message") or "resource version expired"))
-            raise WatchError(f"watch error {code}: {obj.get('message') if isinstance(obj, Mapping) else obj}")
-        rv = _meta(obj).get("resourceVersion")
-        if t in ("ADDED", "MODIFIED"):
-            self.store.upsert(obj)
-        elif t == "DELETED":
-            self.store.delete(obj)
-        elif t != "BOOKMARK":
-            log.debug("%s watch: ignoring event type %r", self.kind, type_)
-            return
-        if rv:
-            self.resource_version = str(rv)
-        self.events_applied += 1
-
-    def apply_list(self, body: Mapping[str, Any]) -> None:
-        """Replace the store with a list response and remember its resourceVersion."""
-        items = body.get("items")
-        self.store.replace(i for i in (items if isinstance(items, list) else []) if isinstance(i, Mapping))
-        rv = _meta(body).get("resourceVersion")
-        self.resource_version = str(rv) if rv else None
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        self.store.replace(items)
         self.lists += 1
-        self.synced.set()
 
-    # -- the loop -----------------------------------------------------------------------------------
-
-    def _backoff(self) -> float:
-        base = min(self.backoff_max, self.backoff_min * (2 ** min(self._failures, 16)))
-        self._failures += 1
-        return base * random.uniform(0.5, 1.0)
-
-    def _restart(self, reason: str) -> None:
-        if self.on_restart is not None:
-            self.on_restart(self.kind, reason)
-
-    async def list_once(self) -> None:
-        """One list call (raw JSON, no model objects) applied to the store."""
-        assert self.call is not None
-        resp = await self.call(_preload_content=False, **self.selectors)
-        await _check_status(resp, self.kind)
-        try:
-            body = orjson.loads(await resp.read())
-        finally:
-            resp.release()
-        if not isinstance(body, Mapping):
-            raise WatchError(f"{self.kind} list: unexpected body")
-        self.apply_list(body)
-
-    async def watch_once(self) -> None:
-        """One watch request from ``resource_version`` until the server ends it."""
-        assert self.call is not None
-        resp = await self.call(
-            watch=True, resource_version=self.resource_version or "", allow_watch_bookmarks=True,
-            timeout_seconds=self.timeout_seconds, _request_timeout=self.timeout_seconds + 30,
-            _preload_content=False, **self.selectors)
-        await _check_status(resp, self.kind)
-        buf = b""
-        try:
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        self._apply_line(line)
-            if buf.strip():
-                self._apply_line(buf)
-        finally:
-            resp.release()
-
-    def _apply_line(self, line: bytes) -> None:
-        try:
-            ev = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise WatchError(f"{self.kind} watch: bad event line: {exc}") from None
-        if not isinstance(ev, Mapping) or not isinstance(ev.get("object"), Mapping):
-            raise WatchError(f"{self.kind} watch: malformed event")
-        self.apply_event(str(ev.get("type") or ""), ev["object"])
-        self._failures = 0
-
-    async def run(self) -> None:
-        """List, then watch forever (until cancelled), re-listing on 410 and backing off on errors."""
-        need_list = True
-        while True:
-            try:
-                if need_list or self.resource_version is None:
-                    await self.list_once()
-                    need_list = False
-                    self._failures = 0
-                await self.watch_once()
-            except asyncio.CancelledError:
-                raise
-            except Gone as exc:
-                log.info("%s watch expired (%s): re-listing", self.kind, exc)
-                self._restart("gone")
-                need_list = True
-                if self._failures:
-                    await asyncio.sleep(self._backoff())
-                else:
-                    self._failures += 1
-            except Exception as exc:
-                status = getattr(exc, "status", None)
-                if status == 410:
-                    self._restart("gone")
-                    need_list = True
-                    continue
-                delay = self._backoff()
-                log.warning("%s watch failed (%s: %s); retrying in %.1fs", self.kind, type(exc).__name__,
-                            exc, delay)
-                self._restart("error")
-                await asyncio.sleep(delay)
+    def _apply(self, type_: str, obj: dict[str, Any]) -> None:
+        if type_ == "DELETED":
+            self.store.delete(obj)
+        else:  # ADDED, MODIFIED
+            self.store.upsert(obj)
 
 
 # ---- the inventory --------------------------------------------------------------------------------------
@@ -355,8 +217,6 @@ class Inventory:
     def make_watchers(self, api_client: Any, *, on_restart: RestartHook | None = None,
                       timeout_seconds: int = 300) -> list[Watcher]:
         """Build the watchers for a kubernetes_asyncio ``ApiClient`` (pods only with fair share)."""
-        import functools
-
         from kubernetes_asyncio import client as k8s
 
         core = k8s.CoreV1Api(api_client)

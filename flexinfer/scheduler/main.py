@@ -14,7 +14,7 @@ import gc
 import logging
 from typing import Any
 
-from flexinfer.kubeclient import new_api_client
+from flexinfer.k8s.client import new_api_client
 from flexinfer.scheduler.server import ExtenderHandler, make_app
 from flexinfer.scheduler.settings import load_extender_settings
 
@@ -33,7 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=None,
                         help="kubeconfig file (default: in-cluster config, else $KUBECONFIG/~/.kube/config)")
     parser.add_argument("--watch-timeout", type=int, default=300,
-                        help="server-side timeout of each watch request in seconds (default 300)")
+                        help="server-side timeout of each watch request in seconds, spread x1-2 like "
+                             "client-go (default 300)")
     parser.add_argument("--max-body-mb", type=int, default=32,
                         help="largest request body in MiB (full NodeLists are big; default 32)")
 

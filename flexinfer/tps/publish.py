@@ -142,7 +142,7 @@ async def publish(result: BenchResult, cfg: BenchConfig, api: ConfigMapAPI | Non
             from kubernetes_asyncio import client
         except ImportError:
             raise BenchError("--configmap needs kubernetes_asyncio: pip install 'flexinfer[kube]'") from None
-        from flexinfer.kubeclient import new_api_client
+        from flexinfer.k8s.client import new_api_client
 
         async with await new_api_client(cfg.kubeconfig or None) as api_client:
             core = client.CoreV1Api(api_client)

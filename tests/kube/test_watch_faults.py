@@ -4,12 +4,10 @@ loses a model on the way, and sends a bounded number of requests (no storm)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 
 import yaml
 
-from flexinfer.runtime.kubewatch import Backoff
 from tests.kube.conftest import CRDS, MODELS, KubeStack, model_obj
 from tests.kube_emulator import KubeEnv
 
@@ -103,18 +101,6 @@ async def test_dropped_expired_and_failing_watches_recover_without_losing_models
     mon.cancel()
     await asyncio.gather(mon, return_exceptions=True)
     assert not lost, "a model vanished from the inventory during the faults"
-
-
-def test_backoff_is_bounded_and_jittered() -> None:
-    b = Backoff(0.5, 30.0, rng=lambda: 0.999)
-    delays = [b.next() for _ in range(12)]
-    assert delays[0] < 0.5 and all(d <= 30.0 for d in delays) and delays[-1] > 29
-    assert all(x <= y for x, y in itertools.pairwise(delays))
-    low = Backoff(0.5, 30.0, rng=lambda: 0.0)
-    assert low.next() == 0.25  # jitter keeps at least half the delay
-    assert Backoff(0.5, 30.0).next(at_least=7.0) == 7.0  # Retry-After wins when longer
-    b.reset()
-    assert b.next() < 0.5
 
 
 async def test_missing_crd_and_forbidden_nodes_neither_block_start_nor_storm(kube: KubeEnv) -> None:

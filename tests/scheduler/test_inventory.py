@@ -4,20 +4,21 @@ against the Kubernetes emulator (resume by resourceVersion, re-list on 410, back
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from flexinfer import labels
+from flexinfer.k8s.errors import KubeAPIError
+from flexinfer.k8s.reflector import Expired
 from flexinfer.scheduler.inventory import (
     ConfigMapStore,
-    Gone,
     Inventory,
     NodeStore,
     PodUsageStore,
     Watcher,
-    WatchError,
 )
 from flexinfer.scheduler.settings import ExtenderSettings
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401
@@ -41,9 +42,9 @@ def test_apply_event_nodes() -> None:
     assert set(store.facts) == {"a"}
     w.apply_event("BOOKMARK", {"metadata": {"resourceVersion": "20"}})
     assert w.resource_version == "20" and len(store) == 1
-    with pytest.raises(Gone):
+    with pytest.raises(Expired):
         w.apply_event("ERROR", {"kind": "Status", "code": 410, "message": "too old"})
-    with pytest.raises(WatchError):
+    with pytest.raises(KubeAPIError):
         w.apply_event("ERROR", {"kind": "Status", "code": 500})
     w.apply_list({"metadata": {"resourceVersion": "30"}, "items": [make_node("z")]})
     assert set(store.facts) == {"z"} and w.resource_version == "30" and w.synced.is_set()
@@ -96,7 +97,7 @@ async def test_watch_loop_list_watch_resume_and_relist(kube: KubeEnv) -> None:
         core = k8s.CoreV1Api(api)
         watchers = inv.make_watchers(api, on_restart=lambda k, r: restarts.append((k, r)))
         for w in watchers:
-            w.backoff_min = 0.01
+            w.backoff.base = 0.01
         tasks = [asyncio.create_task(w.run()) for w in watchers]
         try:
             await _wait(lambda: inv.synced)
@@ -161,3 +162,52 @@ async def test_pod_watch_only_with_fairshare(kube: KubeEnv) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _run_node_watcher(kube: KubeEnv, api: Any) -> tuple[Inventory, Any, asyncio.Task[None]]:
+    inv = Inventory(ExtenderSettings())
+    node_w = inv.make_watchers(api)[0]
+    assert node_w.kind == "nodes"
+    return inv, node_w, asyncio.create_task(node_w.run())
+
+
+async def test_watch_loop_honours_retry_after(kube: KubeEnv) -> None:
+    """A list refused with 503 and ``Retry-After: 1`` is tried again after that second, not after the
+    (shorter: at most 0.5 s here) backoff."""
+    kube.seed("v1/nodes", make_node("n1"))
+    refused = kube.inject("GET", r"^/api/v1/nodes$", status=503, retry_after=1, times=1, query="^(?!.*watch)")
+    async with kube.api_client() as api:
+        t0 = time.monotonic()
+        inv, node_w, task = await _run_node_watcher(kube, api)
+        try:
+            await _wait(node_w.synced.is_set, timeout=5.0)
+            waited = time.monotonic() - t0
+            assert refused.hits == 1 and set(inv.nodes.facts) == {"n1"}
+            assert waited >= 0.95, f"listed again after {waited:.2f}s, before the Retry-After second"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_watch_loop_slows_down_when_streams_end_at_once(kube: KubeEnv) -> None:
+    """An apiserver that ends every watch at once (a bookmark, no change) meets a growing delay, not a
+    request storm; once it streams again, changes arrive."""
+    kube.seed("v1/nodes", make_node("n1"))
+    async with kube.api_client() as api:
+        from kubernetes_asyncio import client as k8s
+
+        inv, node_w, task = await _run_node_watcher(kube, api)
+        try:
+            await _wait(node_w.synced.is_set)
+            bookmark = {"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {
+                "resourceVersion": str(kube.emulator.current_rv)}}}
+            empty = kube.inject("GET", r"^/api/v1/nodes$", status=200, body=bookmark, times=10_000, query="watch")
+            await kube.close_watches()
+            await asyncio.sleep(0.6)
+            assert 1 <= empty.hits <= 4, f"{empty.hits} watch requests in 0.6 s"
+            empty.times = empty.hits  # the apiserver streams again
+            await k8s.CoreV1Api(api).create_node(make_node("n2"))
+            await _wait(lambda: "n2" in inv.nodes.facts, timeout=8.0)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,4 +1,4 @@
-"""Resumable list+watch of one Kubernetes resource, for the ``kube`` runtime.
+"""The one resumable list+watch of a Kubernetes resource (a reflector): ``ResourceWatch``.
 
 Owns: the loop that keeps a local copy of one resource in step with the API server, the way
 client-go's reflector does: list (remember the list's ``resourceVersion``) -> watch from it with
@@ -7,16 +7,20 @@ bookmarks and a server-side timeout -> on a clean end resume from the last versi
 jittered, exponentially growing delay (``Retry-After`` honoured, capped) and resume. A stream that
 ends at once without news counts as a failure, so a server that keeps closing watches cannot cause a
 request storm. Objects reach the owner as raw dicts (``on_sync(items)`` after each list,
-``on_event(type, obj)`` per change); the owner decides what they mean.
+``on_event(type, obj)`` per change); the owner decides what they mean. ``on_restart(reason)`` hears of
+each re-list after an expiry (``"gone"``) and each failure before its delay (``"error"``);
+``apply_list``/``apply_event`` take one decoded answer, so owners can test without a server.
 
-Must not: interpret objects, touch the proxy, or retry without a delay after a failure. Only this
-module and ``runtime/kube*.py`` may import ``kubernetes_asyncio`` on the proxy side.
+Used by the proxy's ``kube`` runtime and the scheduler extender's inventory. Delays come from
+:class:`~flexinfer.k8s.backoff.Backoff`, errors are :class:`~flexinfer.k8s.errors.KubeAPIError`
+(:class:`Expired` for a 410).
+
+Must not: interpret objects, touch the proxy, or retry without a delay after a failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -25,76 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from flexinfer.k8s.backoff import Backoff
+from flexinfer.k8s.errors import KubeAPIError
 
 log = logging.getLogger("flexinfer.kube.watch")
 
 ListFn = Callable[..., Awaitable[Any]]
 SyncFn = Callable[[list[dict[str, Any]]], None]
 EventFn = Callable[[str, dict[str, Any]], None]
-
-MAX_RETRY_AFTER = 30.0
-
-
-class KubeAPIError(Exception):
-    """An API request failed: HTTP ``status`` (0 for a transport error), reason, Retry-After."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-
-    @property
-    def retryable(self) -> bool:
-        """Worth trying again: conflicts, throttling, server errors and transport errors."""
-        return self.status in (0, 409, 429) or self.status >= 500
-
-    @classmethod
-    def from_api_exception(cls, exc: ApiException) -> KubeAPIError:
-        status = int(exc.status or 0)
-        message = _status_message(exc.body) or str(exc.reason or "") or f"HTTP {status}"
-        return cls(status, message, _retry_after(exc.headers))
-
-
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    if not headers:
-        return None
-    raw = headers.get("Retry-After")
-    if raw is None:
-        return None
-    try:
-        return max(0.0, min(MAX_RETRY_AFTER, float(raw)))
-    except ValueError:
-        return None
-
-
-def _status_message(body: Any) -> str:
-    """The ``message`` of a ``v1.Status`` body (bytes, str or dict), or ''."""
-    try:
-        data = json.loads(body) if isinstance(body, bytes | str) else body
-    except ValueError:
-        return ""
-    if isinstance(data, Mapping):
-        return str(data.get("message") or data.get("reason") or "")
-    return ""
-
-
-class Backoff:
-    """Exponential delays ``base * 2**n`` capped at ``cap``, each scaled by a jitter in [0.5, 1.0)."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0, rng: Callable[[], float] = random.random) -> None:
-        self.base = base
-        self.cap = cap
-        self.rng = rng
-        self.failures = 0
-
-    def next(self, at_least: float = 0.0) -> float:
-        delay = min(self.cap, self.base * (2 ** min(self.failures, 30)))
-        self.failures += 1
-        return max(at_least, delay * (0.5 + self.rng() / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
+RestartFn = Callable[[str], None]
 
 
 @dataclass
@@ -108,8 +54,11 @@ class WatchStats:
     expired: int = 0
 
 
-class _Expired(Exception):
-    """The resourceVersion we resume from is gone (410): list again."""
+class Expired(KubeAPIError):
+    """The resourceVersion a watch resumes from is gone (410 Gone): list again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(410, message)
 
 
 class ResourceWatch:
@@ -117,22 +66,28 @@ class ResourceWatch:
 
     ``list_fn`` is a generated ``kubernetes_asyncio`` list function (``CoreV1Api.list_namespaced_service``,
     ``CustomObjectsApi.list_namespaced_custom_object``, ...) and ``args``/``kwargs`` its arguments; it is
-    called with ``_preload_content=False`` so objects stay raw dicts.
+    called with ``_preload_content=False`` so objects stay raw dicts. Without one (None) the watch can
+    only be fed with :meth:`apply_list` and :meth:`apply_event`.
+
+    ``request_timeout`` bounds a list (total) and a watch's connection; ``list_timeout``, when given,
+    bounds a list instead (large lists). A watch asks the server to end it after ``watch_timeout`` x 1..2.
     """
 
-    def __init__(self, name: str, list_fn: ListFn, args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
+    def __init__(self, name: str, list_fn: ListFn | None, args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
                  on_sync: SyncFn, on_event: EventFn, backoff: Backoff | None = None,
-                 watch_timeout: float = 300.0, request_timeout: float = 30.0,
-                 min_stream: float = 1.0) -> None:
+                 watch_timeout: float = 300.0, request_timeout: float = 30.0, list_timeout: float | None = None,
+                 min_stream: float = 1.0, on_restart: RestartFn | None = None) -> None:
         self.name = name
         self.list_fn = list_fn
         self.args = args
         self.kwargs = dict(kwargs)
         self.on_sync = on_sync
         self.on_event = on_event
+        self.on_restart = on_restart
         self.backoff = backoff or Backoff()
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
+        self.list_timeout = request_timeout if list_timeout is None else list_timeout
         self.min_stream = min_stream
         self.synced = asyncio.Event()  # the first list arrived
         self.settled = asyncio.Event()  # listed, or refused in a way waiting will not fix (401/403/404)
@@ -151,9 +106,10 @@ class ResourceWatch:
                 await self._watch()
             except asyncio.CancelledError:
                 raise
-            except _Expired:
+            except Expired:
                 self.stats.expired += 1
                 log.info("watch %s: resourceVersion %s expired; listing again", self.name, self.resource_version)
+                self._restart("gone")
                 if self._fresh or self.resource_version is None:  # expired right after a list: do not spin
                     await asyncio.sleep(self.backoff.next())
                 self.resource_version = None
@@ -164,21 +120,27 @@ class ResourceWatch:
 
     async def _failed(self, exc: KubeAPIError) -> None:
         self.stats.errors += 1
-        self.last_error = str(exc)
-        delay = self.backoff.next(at_least=exc.retry_after or 0.0)
+        self.last_error = exc.detail
+        delay = self.backoff.next(exc.retry_after)
         if exc.status in (401, 403, 404):
             # no permission or the CRD is not installed: say so once per status, keep trying slowly
             self.settled.set()
             if self._logged_status != exc.status:
-                log.warning("watch %s: HTTP %d %s; retrying every %gs at most", self.name, exc.status, exc,
+                log.warning("watch %s: HTTP %d %s; retrying every %gs at most", self.name, exc.status, exc.detail,
                             self.backoff.cap)
                 self._logged_status = exc.status
         else:
-            log.warning("watch %s failed (%s); retrying in %.2fs", self.name, exc, delay)
+            log.warning("watch %s failed (%s); retrying in %.2fs", self.name, exc.detail, delay)
+        self._restart("error")
         await asyncio.sleep(delay)
+
+    def _restart(self, reason: str) -> None:
+        if self.on_restart is not None:
+            self.on_restart(reason)
 
     # -- list --------------------------------------------------------------------------------------
     async def _open(self, **extra: Any) -> Any:
+        assert self.list_fn is not None, f"watch {self.name} has no list function"
         try:
             return await self.list_fn(*self.args, **self.kwargs, **extra, _preload_content=False)
         except ApiException as exc:
@@ -194,28 +156,33 @@ class ResourceWatch:
             body = await resp.read()
         finally:
             resp.release()
-        err = KubeAPIError(resp.status, _status_message(body) or f"HTTP {resp.status}", _retry_after(resp.headers))
+        err = KubeAPIError.from_response(resp.status, body, resp.headers)
         if resp.status == 410:
-            raise _Expired(str(err))
+            raise Expired(err.detail)
         raise err
 
     async def _list(self) -> None:
         self.stats.lists += 1
-        resp = await self._open(_request_timeout=self.request_timeout)
+        resp = await self._open(_request_timeout=self.list_timeout)
         await self._check(resp)
         try:
-            data = json.loads(await resp.read())
+            data = orjson.loads(await resp.read())
         finally:
             resp.release()
-        items = data.get("items") or [] if isinstance(data, dict) else []
-        rv = str(((data.get("metadata") or {}) if isinstance(data, dict) else {}).get("resourceVersion") or "")
-        self.on_sync([i for i in items if isinstance(i, dict)])
-        self.resource_version = rv or None
+        self.apply_list(data)
+
+    def apply_list(self, data: Any) -> None:
+        """Take one list answer (decoded JSON): ``on_sync`` its items, watch on from its resourceVersion."""
+        if not isinstance(data, Mapping):
+            raise KubeAPIError(0, f"list {self.name}: not an object")
+        items = data.get("items")
+        meta = data.get("metadata")
+        rv = str((meta if isinstance(meta, Mapping) else {}).get("resourceVersion") or "")
+        self.on_sync([i for i in (items if isinstance(items, list) else []) if isinstance(i, dict)])
+        self.resource_version = rv  # "" (a server without list versions): watch from "now"
         self._fresh = True
         self.synced.set()
         self.settled.set()
-        if self.resource_version is None:  # a server without list versions: watch from "now"
-            self.resource_version = ""
 
     # -- watch -------------------------------------------------------------------------------------
     async def _watch(self) -> None:
@@ -242,7 +209,6 @@ class ResourceWatch:
                     continue
                 if self._event(line):
                     news += 1
-                    self._fresh = False
         finally:
             resp.release()
         if news == 0 and time.monotonic() - started < self.min_stream:
@@ -254,19 +220,24 @@ class ResourceWatch:
     def _event(self, line: bytes) -> bool:
         """Handle one watch line; True when it carried an object change (bookmarks only move the version)."""
         try:
-            ev = json.loads(line)
+            ev = orjson.loads(line)
         except ValueError:
             raise KubeAPIError(0, f"watch {self.name}: not JSON: {line[:200]!r}") from None
         if not isinstance(ev, dict):
             raise KubeAPIError(0, f"watch {self.name}: not an event: {line[:200]!r}")
-        typ = ev.get("type")
         obj = ev.get("object")
         if not isinstance(obj, dict):
             raise KubeAPIError(0, f"watch {self.name}: event without an object")
+        return self.apply_event(str(ev.get("type") or ""), obj)
+
+    def apply_event(self, typ: str, obj: dict[str, Any]) -> bool:
+        """Take one decoded watch event; True when it carried an object change (``on_event`` had it).
+
+        ``BOOKMARK`` only moves the resourceVersion; ``ERROR`` raises (:class:`Expired` for a 410)."""
         if typ == "ERROR":
             code = int(obj.get("code") or 0)
             if code == 410:
-                raise _Expired(str(obj.get("message") or "expired"))
+                raise Expired(str(obj.get("message") or "expired"))
             raise KubeAPIError(code, str(obj.get("message") or obj.get("reason") or "watch error"))
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if typ == "BOOKMARK":
@@ -274,9 +245,11 @@ class ResourceWatch:
                 self.resource_version = str(rv)
             return False
         if typ not in ("ADDED", "MODIFIED", "DELETED"):
+            log.debug("watch %s: ignoring event type %r", self.name, typ)
             return False
         self.stats.events += 1
         self.on_event(typ, obj)
         if rv:
             self.resource_version = str(rv)
+        self._fresh = False
         return True

@@ -1,8 +1,12 @@
 """The one way FlexInfer components open a Kubernetes API client (kubernetes_asyncio).
 
-An explicit kubeconfig wins; otherwise the pod's service account; otherwise ``$KUBECONFIG`` (first
-path) or ``~/.kube/config``. ``$KUBECONFIG`` is read at call time, not at import time as
-kubernetes_asyncio's default does, so tests and CLIs can point it anywhere before calling.
+Owns: choosing the configuration. An explicit kubeconfig wins; otherwise the pod's service account;
+otherwise ``$KUBECONFIG`` (first path) or ``~/.kube/config``. ``$KUBECONFIG`` is read at call time,
+not at import time as kubernetes_asyncio's default does, so tests and CLIs can point it anywhere
+before calling.
+
+Must not: make API requests, retry, or keep a client of its own (the caller owns and closes it);
+``kubernetes_asyncio`` is imported only when a client is opened.
 """
 
 from __future__ import annotations
