@@ -48,9 +48,10 @@ def check_model_name(name: str, source: str) -> str:
 
 
 # A dot segment (``.``/``..``, also percent-encoded), an encoded separator (``%2f`` ``%5c``), an
-# encoded NUL, a double encoding (``%25``) or a backslash: a backend that decodes or normalizes
-# the path could climb out of the API, so these are refused, never rewritten.
-_BAD_PATH_RE = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|%25", re.IGNORECASE)
+# encoded NUL, a double encoding (``%25``), an overlong UTF-8 lead byte (``%c0``/``%c1``: ``%c0%ae``
+# is a '.' to a lax decoder) or a backslash: a backend that decodes or normalizes the path could
+# climb out of the API, so these are refused, never rewritten.
+_BAD_PATH_RE = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|%25|%c[01]", re.IGNORECASE)
 _SLASHES_RE = re.compile(r"//+")
 #: The only paths forwarded to a backend (after a ``/model/<name>`` prefix is stripped).
 API_PREFIX = "/v1/"

@@ -59,7 +59,7 @@ def test_bad_model_paths(path: str) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/../admin", "/v1/%2e%2e/admin", "/v1/a%2fb", "/v1/x%00", "/v1\\..\\x",
                                   "/v1/%252e%252e/x", "/v1/./x", "/v1//../x", "/v1/.%2E/x", "/v1/%2E/x",
-                                  "/v1/x/..", "/v1/a%5Cb", "/v1/%2F"])
+                                  "/v1/x/..", "/v1/a%5Cb", "/v1/%2F", "/v1/%c0%ae%c0%ae/x", "/v1/%C1%9C"])
 def test_bad_upstream_paths(path: str) -> None:
     with pytest.raises(errors.BadRequest) as ei:
         extract.normalize_path(path)
