@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from flexinfer.http.flow import ClientGone
 
 if TYPE_CHECKING:
-    from flexinfer.http.protocol import ResponseWriter
+    from flexinfer.http.request import ResponseWriter
 
 __all__ = [
     "HOP_BY_HOP",
@@ -258,7 +258,7 @@ class UpstreamResponse:
             return
         for piece in batch:
             self._relayed += len(piece)
-        if not end and sink._flow.write_paused:
+        if not end and sink.flow.write_paused:
             conn = self._conn
             if conn is not None:
                 conn.pause_reading()
@@ -365,7 +365,7 @@ class UpstreamResponse:
             writer.writelines(buffered)
         conn = self._conn
         assert conn is not None
-        flow = writer._flow
+        flow = writer.flow
         self._relayed = n
         self._sink = writer
         writer.on_disconnect(self._on_client_gone)
