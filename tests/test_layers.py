@@ -38,7 +38,7 @@ def test_layers() -> None:
         if name.startswith("flexinfer.http") and any(
                 i.startswith(("flexinfer.proxy", "flexinfer.runtime", "flexinfer.api")) for i in ours):
             problems.append(f"{name}: http knows no models, found {sorted(ours)}")
-        if name.startswith("flexinfer.proxy") and name != "flexinfer.proxy.main":  # main wires the parts
+        if name.startswith("flexinfer.proxy"):
             bad = [i for i in ours if i.startswith("flexinfer.runtime") and not i.startswith("flexinfer.runtime.base")]
             if bad:
                 problems.append(f"{name}: proxy knows runtime.base only, found {bad}")

@@ -1,6 +1,6 @@
 """The ``kube`` runtime: models are custom resources in a cluster; the proxy watches and signals demand.
 
-Owns, for ``flexinfer proxy --kube``:
+Owns, for the ``proxy --kube`` command:
 
 - the **inventory**: resumable watches (:mod:`flexinfer.k8s.reflector`) of Model (v1alpha2),
   ModelDeployment (v1alpha1), LoRAAdapter, GPUGroup, Services and EndpointSlices in the proxy's
@@ -17,7 +17,7 @@ Owns, for ``flexinfer proxy --kube``:
   ``flexinfer.ai/queue.<m>``/``queue-since.<m>`` annotations (depth kept current) and clears them
   once the member is active and ready (or nobody waits any more).
 
-Must not: be imported by ``flexinfer.proxy`` (only ``proxy/main.py`` wires it, lazily); call the API
+Must not: be imported by the proxy package (only ``cmd/proxy.py`` wires it, lazily); call the API
 on the request path (``record_demand`` is a few comparisons and maybe a task); poll for readiness.
 Authentication runs before ``record_demand``/``wake`` in the pipeline, so anonymous traffic wakes
 nothing.

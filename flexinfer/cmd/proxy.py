@@ -1,8 +1,8 @@
 """``flexinfer proxy``: run the OpenAI-compatible proxy in front of a static inventory file, or, with
 ``--kube``, in front of the models of a Kubernetes namespace (``POD_NAMESPACE``; ``--all-namespaces``).
 
-(The local runtime is ``flexinfer serve``.) This module only wires parts together; it is the one
-place of ``flexinfer.proxy`` allowed to know ``flexinfer.runtime.kube``, and imports it lazily.
+(The local runtime is ``flexinfer serve``.) This module only wires parts together (a composition
+root, see :mod:`flexinfer.cmd`); it imports the inventories, and ``flexinfer.runtime.kube`` lazily.
 """
 
 from __future__ import annotations
