@@ -64,6 +64,11 @@ class Activator:
         self.queues: dict[str, _ModelQueue] = {}
         inventory.subscribe(self._on_change)
 
+    def queue_depth(self, model: str) -> int:
+        """Requests waiting for ``model`` now."""
+        q = self.queues.get(model)
+        return len(q.waiters) if q is not None else 0
+
     # -- readiness events --------------------------------------------------------------------------
     def _on_change(self, view: ModelView) -> None:
         q = self.queues.get(view.name)
