@@ -14,8 +14,8 @@ import sys
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "proxy": ("flexinfer.proxy.main", "run the OpenAI-compatible proxy (static or Kubernetes inventory)"),
-    "serve": ("flexinfer.runtime.serve", "run the proxy and the local runtime in one process"),
+    "proxy": ("flexinfer.cmd.proxy", "run the OpenAI-compatible proxy (static or Kubernetes inventory)"),
+    "serve": ("flexinfer.cmd.serve", "run the proxy and the local runtime in one process"),
     "operator": ("flexinfer.operator.main", "run the Kubernetes operator (kopf)"),
     "extender": ("flexinfer.scheduler.main", "run the kube-scheduler extender"),
     "agent": ("flexinfer.agent.main", "run the GPU node agent"),

@@ -50,6 +50,13 @@ def test_kopf_settings() -> None:
     assert settings.posting.enabled is False
 
 
+def _status(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return int(r.status)
+
+
 async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     """``flexinfer operator`` as a process: it reconciles a Model and serves its liveness probe."""
     import asyncio
@@ -57,7 +64,6 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     import socket
     import subprocess
     import sys
-    import urllib.request
 
     from tests.operator.harness import DEPLOYMENTS, MODELS, model, register_crds
 
@@ -83,7 +89,7 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
         code = 0
         for _ in range(20):
             try:
-                code = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).status)
+                code = await asyncio.to_thread(_status, url)
                 break
             except OSError:
                 await asyncio.sleep(0.2)
