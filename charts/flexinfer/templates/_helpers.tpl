@@ -67,15 +67,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- include "flexinfer.imageRef" (dict "ctx" . "image" .Values.extender.scheduler.image "tag" $kube) -}}
 {{- end }}
 
-{{/* imagePullSecrets of every pod. */}}
-{{- define "flexinfer.imagePullSecrets" -}}
-{{- with .Values.global.imagePullSecrets }}
-imagePullSecrets:
-{{- range . }}
-  - name: {{ . | quote }}
-{{- end }}
-{{- end }}
-{{- end }}
 
 {{/* Pod-level security of every workload (non-root, RuntimeDefault seccomp). */}}
 {{- define "flexinfer.podSecurityContext" -}}
