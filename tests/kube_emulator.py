@@ -16,7 +16,10 @@ manager :func:`start_kube` where a fixture does not fit.
 - ``inject(method, path_regex, status=..., times=..., retry_after=..., delay=..., query=...)``:
   fault injection; ``expire_resource_versions()`` (410 for older watches) and
   ``await close_watches()`` (end every open watch stream, as an apiserver restart would);
-- ``api_client()``: an async context manager giving a ``kubernetes_asyncio`` ``ApiClient``.
+- ``api_client()``: an async context manager giving a ``kubernetes_asyncio`` ``ApiClient``;
+- ``authorize(policy)``: RBAC for every request from then on (``tests/kube_rbac.py``: bearer token →
+  ServiceAccount, 403 ``Forbidden`` Status as the apiserver words it, every decision recorded) and
+  ``kubeconfig_for(token, path)``.
 
 Gaps of kmock 0.8 fixed here (``shared/reference/ecosystem-facts.md`` §3a) and other behaviour added:
 
@@ -74,6 +77,8 @@ from kmock._internal import dicts as _kdicts
 from kmock._internal import enums as _kenums
 from kmock._internal import parsing as _kparsing
 from kmock._internal import rendering as _krendering
+
+from tests.kube_rbac import Authorizer, Policy, forbidden_status
 
 ALL_VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -232,6 +237,7 @@ class FlexEmulator(kmock.KubernetesEmulator):
     writes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
     seen: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
     faults: list[Fault] = attrs.field(factory=list, init=False)
+    authorizer: Authorizer | None = None  # a tests.kube_rbac.Authorizer: every request is authenticated and authorized
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _last_rv: int = attrs.field(default=0, init=False)
     _min_rv: int = attrs.field(default=0, init=False)
@@ -327,6 +333,15 @@ class FlexEmulator(kmock.KubernetesEmulator):
         self.seen[(method, rkey)] += 1
         if method in WRITE_METHODS:
             self.writes[(method, rkey)] += 1
+
+        if self.authorizer is not None:
+            decision = self.authorizer.check(method, path, raw_request.query_string,
+                                             raw_request.headers.get("Authorization"))
+            if not decision.allowed:
+                await raw_request.read()
+                if decision.status == 401:
+                    return aiohttp.web.json_response(status_body(401, "Unauthorized"), status=401)
+                return aiohttp.web.json_response(forbidden_status(decision.attributes), status=403)
 
         for fault in self.faults:
             if fault.matches(method, path, raw_request.query_string):
@@ -937,6 +952,19 @@ class KubeEnv:
     async def close_watches(self) -> None:
         """End every open watch stream cleanly."""
         await self.emulator.close_watches()
+
+    # -- RBAC --------------------------------------------------------------------------------------
+
+    def authorize(self, policy: Policy) -> Authorizer:
+        """From now on authenticate and authorize every request with ``policy`` (``tests.kube_rbac``); the
+        default kubeconfig's token stays an admin (``system:masters``). Returns the :class:`Authorizer`:
+        map ServiceAccount tokens with ``add_service_account`` and read its decisions."""
+        self.emulator.authorizer = Authorizer(policy)
+        return self.emulator.authorizer
+
+    def kubeconfig_for(self, token: str, path: Path | str, namespace: str = "default") -> Path:
+        """A kubeconfig for this emulator with another bearer token (one per ServiceAccount)."""
+        return write_kubeconfig(path, self.url, token=token, namespace=namespace)
 
     # -- clients -----------------------------------------------------------------------------------
 
