@@ -337,7 +337,7 @@ class FlexEmulator(kmock.KubernetesEmulator):
         if self.authorizer is not None:
             decision = self.authorizer.check(method, path, raw_request.query_string,
                                              raw_request.headers.get("Authorization"))
-            if not decision.allowed:
+            if not decision.allowed and (self.authorizer.enforce or decision.status == 401):
                 await raw_request.read()
                 if decision.status == 401:
                     return aiohttp.web.json_response(status_body(401, "Unauthorized"), status=401)
@@ -822,6 +822,19 @@ class KubeEnv:
     server: kmock.Server
     kubeconfig_path: Path
     _clients: list[Any] = field(default_factory=list)
+    admin_kubeconfig_path: Path | None = None  # set on an ``as_user`` view: the test's own identity
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """The kubeconfig of the test itself (admin), also on an :meth:`as_user` view."""
+        return self.admin_kubeconfig_path or self.kubeconfig_path
+
+    def as_user(self, kubeconfig_path: Path | str) -> KubeEnv:
+        """A view of the same emulator whose ``kubeconfig_path`` / ``api_client()`` are another user's (a
+        component's ServiceAccount): harnesses that start a component with ``kube.kubeconfig_path`` then
+        run it as that user, while their own requests use :attr:`admin_kubeconfig`."""
+        return KubeEnv(emulator=self.emulator, server=self.server, kubeconfig_path=Path(kubeconfig_path),
+                       admin_kubeconfig_path=self.admin_kubeconfig)
 
     @property
     def url(self) -> str:

@@ -202,14 +202,7 @@ class Rule:
         if not ("*" in self.api_groups or a.api_group in self.api_groups):
             return False
         combined = a.combined_resource
-        ok = False
-        for res in self.resources:
-            if res == "*" or res == combined:
-                ok = True
-            elif a.subresource and res == f"*/{a.subresource}":
-                ok = True
-            if ok:
-                break
+        ok = any(res in ("*", combined) or (a.subresource and res == f"*/{a.subresource}") for res in self.resources)
         if not ok:
             return False
         return not self.resource_names or a.name in self.resource_names
@@ -491,6 +484,17 @@ class Authorizer:
     tokens: dict[str, UserInfo] = field(default_factory=dict)
     admin_tokens: frozenset[str] = frozenset({"dummy"})
     decisions: list[Decision] = field(default_factory=list)
+    enforce: bool = True  # False: audit mode, a denial is recorded but the request is served anyway
+
+    def needed_rules(self) -> dict[str, dict[tuple[str, str, str], set[str]]]:
+        """user → (scope, apiGroup, resource[/sub] or URL) → verbs denied: the rules to add."""
+        out: dict[str, dict[tuple[str, str, str], set[str]]] = {}
+        for d in self.denied():
+            a = d.attributes
+            key = (d.needed_rule["scope"], a.api_group, a.combined_resource) if a.resource_request else \
+                ("ClusterRoleBinding", "(url)", a.path)
+            out.setdefault(a.user.name, {}).setdefault(key, set()).add(a.verb)
+        return out
 
     def add_service_account(self, token: str, namespace: str, name: str) -> UserInfo:
         user = service_account(namespace, name)

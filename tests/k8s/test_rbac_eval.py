@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401
-from tests.kube_rbac import Authorizer, Policy, UserInfo, forbidden_status, request_attributes, service_account
+from tests.kube_rbac import (
+    Authorizer,
+    Policy,
+    UserInfo,
+    forbidden_status,
+    request_attributes,
+    service_account,
+)
 
 SA = service_account("flexinfer-system", "operator")
 OTHER = service_account("flexinfer-system", "proxy")
