@@ -91,3 +91,35 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     finally:
         proc.terminate()
         assert await asyncio.to_thread(proc.wait, 20) == 0
+
+
+def test_priority_flag() -> None:
+    p = argparse.ArgumentParser()
+    main.configure(p)
+    assert p.parse_args([]).priority is None
+    assert p.parse_args(["--priority", "7"]).priority == 7
+    randoms = {p.parse_args(["--peering", "x", "--priority", "random"]).priority for _ in range(20)}
+    assert len(randoms) > 1 and all(0 < r < 2**31 for r in randoms)  # replicas differ: no all-pause tie
+    with pytest.raises(SystemExit):
+        p.parse_args(["--priority", "high"])
+
+
+def test_pull_settings_reach_the_pods_it_creates() -> None:
+    from flexinfer.operator.jobs import benchmark_job
+
+    s = load_settings({"FLEXINFER_IMAGE_PULL_POLICY": "Always", "FLEXINFER_IMAGE_PULL_SECRETS": "a, b"})
+    s.validate()
+    assert s.pull_secrets == ("a", "b")
+    j = benchmark_job("md", "ns", backend="vllm", obj_labels={}, owner={"apiVersion": "v1", "kind": "X",
+                      "metadata": {"name": "md", "uid": "u"}}, warmup=1, iterations=1, min_duration_s=1,
+                      max_tokens=8, node_selector=None, settings=s)
+    pod = j["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "a"}, {"name": "b"}]
+    assert pod["containers"][0]["imagePullPolicy"] == "Always"
+    default = benchmark_job("md", "ns", backend="vllm", obj_labels={}, owner={"apiVersion": "v1", "kind": "X",
+                            "metadata": {"name": "md", "uid": "u"}}, warmup=1, iterations=1, min_duration_s=1,
+                            max_tokens=8, node_selector=None, settings=load_settings({}))
+    assert "imagePullSecrets" not in default["spec"]["template"]["spec"]
+    assert default["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    with pytest.raises(SettingsError, match="FLEXINFER_IMAGE_PULL_POLICY"):
+        load_settings({"FLEXINFER_IMAGE_PULL_POLICY": "Sometimes"}).validate()
