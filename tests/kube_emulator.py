@@ -16,7 +16,10 @@ manager :func:`start_kube` where a fixture does not fit.
 - ``inject(method, path_regex, status=..., times=..., retry_after=..., delay=..., query=...)``:
   fault injection; ``expire_resource_versions()`` (410 for older watches) and
   ``await close_watches()`` (end every open watch stream, as an apiserver restart would);
-- ``api_client()``: an async context manager giving a ``kubernetes_asyncio`` ``ApiClient``.
+- ``api_client()``: an async context manager giving a ``kubernetes_asyncio`` ``ApiClient``;
+- ``authorize(policy)``: RBAC for every request from then on (``tests/kube_rbac.py``: bearer token →
+  ServiceAccount, 403 ``Forbidden`` Status as the apiserver words it, every decision recorded) and
+  ``kubeconfig_for(token, path)``.
 
 Gaps of kmock 0.8 fixed here (``shared/reference/ecosystem-facts.md`` §3a) and other behaviour added:
 
@@ -74,6 +77,9 @@ from kmock._internal import dicts as _kdicts
 from kmock._internal import enums as _kenums
 from kmock._internal import parsing as _kparsing
 from kmock._internal import rendering as _krendering
+
+from tests import kube_tables
+from tests.kube_rbac import Authorizer, Policy, forbidden_status
 
 ALL_VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -232,6 +238,10 @@ class FlexEmulator(kmock.KubernetesEmulator):
     writes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
     seen: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
     faults: list[Fault] = attrs.field(factory=list, init=False)
+    # (group, version, plural) -> additionalPrinterColumns; (group, version) -> [(kind, schema, plural, namespaced)]
+    printer_columns: dict[tuple[str, str, str], list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    crd_schemas: dict[tuple[str, str], list[tuple[str, Any, str, bool]]] = attrs.field(factory=dict, init=False)
+    authorizer: Authorizer | None = None  # a tests.kube_rbac.Authorizer: every request is authenticated and authorized
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _last_rv: int = attrs.field(default=0, init=False)
     _min_rv: int = attrs.field(default=0, init=False)
@@ -328,6 +338,15 @@ class FlexEmulator(kmock.KubernetesEmulator):
         if method in WRITE_METHODS:
             self.writes[(method, rkey)] += 1
 
+        if self.authorizer is not None:
+            decision = self.authorizer.check(method, path, raw_request.query_string,
+                                             raw_request.headers.get("Authorization"))
+            if not decision.allowed and (self.authorizer.enforce or decision.status == 401):
+                await raw_request.read()
+                if decision.status == 401:
+                    return aiohttp.web.json_response(status_body(401, "Unauthorized"), status=401)
+                return aiohttp.web.json_response(forbidden_status(decision.attributes), status=403)
+
         for fault in self.faults:
             if fault.matches(method, path, raw_request.query_string):
                 fault.hits += 1
@@ -343,13 +362,67 @@ class FlexEmulator(kmock.KubernetesEmulator):
                     return aiohttp.web.json_response(body, status=fault.status, headers=headers)
                 break
 
+        if method == "GET" and (path == "/openapi/v3" or path.startswith("/openapi/v3/apis/")):
+            return self._serve_openapi(path)
+
         if _NS_LIST.match(path) or _NS_ONE.match(path):
             return await self._serve_namespaces(raw_request)
 
         watch = raw_request.query.get("watch")
         if watch is not None and watch.lower() in ("true", "1") and watch != "true":
             raw_request = raw_request.clone(rel_url=raw_request.rel_url.update_query(watch="true"))
-        return await super().__call__(raw_request)
+        response = await super().__call__(raw_request)
+        if method == "GET" and watch is None and kube_tables.wants_table(raw_request.headers.get("Accept")):
+            return self._as_table(raw_request, response)
+        return response
+
+    # -- kubectl: discovery, server-side printing and OpenAPI ----------------------------------------
+
+    async def _serve_version(self, request: _krendering.Request) -> _krendering.Payload:
+        """kmock copies categories and short names onto subresource entries (``gpugroups/status`` in
+        category ``flexinfer`` breaks ``kubectl get flexinfer``); the apiserver lists subresources bare."""
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict):
+            for entry in payload.get("resources") or ():
+                if "/" in entry.get("name", ""):
+                    entry.update(categories=[], shortNames=[], singularName="",
+                                 verbs=["get", "patch", "update"])
+        return payload
+
+    def _as_table(self, raw_request: aiohttp.web.BaseRequest,
+                  response: aiohttp.web.StreamResponse) -> aiohttp.web.StreamResponse:
+        """A resource GET answered as a ``meta.k8s.io/v1`` Table (``tests/kube_tables.py``)."""
+        if response.status != 200 or not isinstance(response, aiohttp.web.Response) or not response.body:
+            return response
+        try:
+            parsed = _kparsing.parse_path(raw_request.path)
+            data = json.loads(bytes(response.body))  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            return response
+        if parsed.group is None or not parsed.plural or parsed.subresource or not isinstance(data, dict):
+            return response
+        if "items" in data:
+            objs, rv = data.get("items") or [], str((data.get("metadata") or {}).get("resourceVersion", ""))
+        elif data.get("kind") not in (None, "Status"):
+            objs, rv = [data], str((data.get("metadata") or {}).get("resourceVersion", ""))
+        else:
+            return response
+        columns = self.printer_columns.get((parsed.group, parsed.version or "", parsed.plural))
+        body = kube_tables.table(objs, columns, resource_version=rv,
+                                 include_object=raw_request.query.get("includeObject", "PartialObjectMetadata"))
+        return aiohttp.web.json_response(body, content_type="application/json")
+
+    def _serve_openapi(self, path: str) -> aiohttp.web.StreamResponse:
+        """``/openapi/v3`` and ``/openapi/v3/apis/<g>/<v>`` for the registered CRDs (kubectl validates
+        manifests against these before it sends them)."""
+        if path == "/openapi/v3":
+            return aiohttp.web.json_response(kube_tables.openapi_v3_root(self.crd_schemas))
+        parts = path[len("/openapi/v3/apis/"):].strip("/").split("/")
+        doc = kube_tables.openapi_v3_group(parts[0], parts[1], self.crd_schemas) if len(parts) == 2 else None
+        if doc is None:
+            return aiohttp.web.json_response(status_body(404, "the server could not find the requested resource"),
+                                             status=404)
+        return aiohttp.web.json_response(doc)
 
     # -- namespaces (kmock cannot parse these paths) -----------------------------------------------
 
@@ -807,6 +880,19 @@ class KubeEnv:
     server: kmock.Server
     kubeconfig_path: Path
     _clients: list[Any] = field(default_factory=list)
+    admin_kubeconfig_path: Path | None = None  # set on an ``as_user`` view: the test's own identity
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """The kubeconfig of the test itself (admin), also on an :meth:`as_user` view."""
+        return self.admin_kubeconfig_path or self.kubeconfig_path
+
+    def as_user(self, kubeconfig_path: Path | str) -> KubeEnv:
+        """A view of the same emulator whose ``kubeconfig_path`` / ``api_client()`` are another user's (a
+        component's ServiceAccount): harnesses that start a component with ``kube.kubeconfig_path`` then
+        run it as that user, while their own requests use :attr:`admin_kubeconfig`."""
+        return KubeEnv(emulator=self.emulator, server=self.server, kubeconfig_path=Path(kubeconfig_path),
+                       admin_kubeconfig_path=self.admin_kubeconfig)
 
     @property
     def url(self) -> str:
@@ -836,6 +922,13 @@ class KubeEnv:
                           subresources=set((version.get("subresources") or {}).keys()),
                           shortnames=names.get("shortNames", ()), singular=names.get("singular"),
                           categories=names.get("categories", ()))
+            gv = (spec["group"], version["name"])
+            self.emulator.printer_columns[(*gv, names["plural"])] = list(
+                version.get("additionalPrinterColumns") or ())
+            schemas = self.emulator.crd_schemas.setdefault(gv, [])
+            schemas[:] = [e for e in schemas if e[0] != names["kind"]]
+            schemas.append((names["kind"], (version.get("schema") or {}).get("openAPIV3Schema"), names["plural"],
+                            spec.get("scope", "Namespaced") == "Namespaced"))
             out.append(key)
         return out
 
@@ -937,6 +1030,19 @@ class KubeEnv:
     async def close_watches(self) -> None:
         """End every open watch stream cleanly."""
         await self.emulator.close_watches()
+
+    # -- RBAC --------------------------------------------------------------------------------------
+
+    def authorize(self, policy: Policy) -> Authorizer:
+        """From now on authenticate and authorize every request with ``policy`` (``tests.kube_rbac``); the
+        default kubeconfig's token stays an admin (``system:masters``). Returns the :class:`Authorizer`:
+        map ServiceAccount tokens with ``add_service_account`` and read its decisions."""
+        self.emulator.authorizer = Authorizer(policy)
+        return self.emulator.authorizer
+
+    def kubeconfig_for(self, token: str, path: Path | str, namespace: str = "default") -> Path:
+        """A kubeconfig for this emulator with another bearer token (one per ServiceAccount)."""
+        return write_kubeconfig(path, self.url, token=token, namespace=namespace)
 
     # -- clients -----------------------------------------------------------------------------------
 

@@ -272,7 +272,6 @@ MODEL = KindDef(
         Column("Ready", '.status.conditions[?(@.type=="Ready")].status'),
         Column("Shared", ".spec.gpu.shared", priority=1, description="GPU-sharing group"),
         Column("Priority", ".spec.gpu.priority", "integer", priority=1),
-        Column("TPS", ".status.metrics.tokensPerSecond", "number", description="Measured tokens per second"),
     ),
     finalizer=FINALIZER,
 )

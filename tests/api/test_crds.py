@@ -132,7 +132,7 @@ def test_model_printer_columns():
     cols = _load(kind_def("Model"))["spec"]["versions"][0]["additionalPrinterColumns"]
     got = [(c["name"], c.get("priority", 0), c["type"]) for c in cols]
     assert got == [("Backend", 0, "string"), ("Phase", 0, "string"), ("Ready", 0, "string"),
-                   ("Shared", 1, "string"), ("Priority", 1, "integer"), ("TPS", 0, "number"), ("Age", 0, "date")]
+                   ("Shared", 1, "string"), ("Priority", 1, "integer"), ("Age", 0, "date")]
     ready = next(c for c in cols if c["name"] == "Ready")
     assert ready["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
 

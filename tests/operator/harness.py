@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -146,7 +147,7 @@ class OperatorEnv:
         if self.api is None:
             from kubernetes_asyncio import config
 
-            self.api = await config.new_client_from_config(config_file=str(self.kube.kubeconfig_path))
+            self.api = await config.new_client_from_config(config_file=str(self.kube.admin_kubeconfig))
         return await self.api.call_api(path, method, body=body, header_params={"Content-Type": content_type},
                                        response_types_map={200: "object", 201: "object"},
                                        auth_settings=["BearerToken"], _return_http_data_only=True)
@@ -251,21 +252,31 @@ async def run_operator(kube: KubeEnv, settings: OperatorSettings = TEST_SETTINGS
         op.clock = clock
     if setup is not None:
         setup(op)
+    # the operator runs as the user of ``kube.kubeconfig_path`` (a ServiceAccount on a ``kube.as_user``
+    # view; kopf's own login reads KUBECONFIG); the test's requests (``env.create``...) stay admin
     registry = build_registry(op, kubeconfig=str(kube.kubeconfig_path))
-    stop = asyncio.Event()
-    ready = asyncio.Event()
-    task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True,
-                                             stop_flag=stop, ready_flag=ready))
-    await asyncio.wait_for(ready.wait(), 10)
-    env = OperatorEnv(kube=kube, op=op, task=task, stop_flag=stop)
-    await env.wait_for(lambda: op.queues and op.writer is not None, 10, "operator start")
+    old_kubeconfig = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(kube.kubeconfig_path)
     try:
-        yield env
+        stop = asyncio.Event()
+        ready = asyncio.Event()
+        task = asyncio.create_task(kopf.operator(registry=registry, standalone=True, clusterwide=True,
+                                                 stop_flag=stop, ready_flag=ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        env = OperatorEnv(kube=kube, op=op, task=task, stop_flag=stop)
+        await env.wait_for(lambda: op.queues and op.writer is not None, 10, "operator start")
+        try:
+            yield env
+        finally:
+            if env.api is not None:
+                await env.api.close()
+            stop.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 10)
     finally:
-        if env.api is not None:
-            await env.api.close()
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(task, 10)
+        if old_kubeconfig is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = old_kubeconfig
 
 
