@@ -14,8 +14,8 @@ import sys
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "proxy": ("flexinfer.proxy.main", "run the OpenAI-compatible proxy (static or Kubernetes inventory)"),
-    "serve": ("flexinfer.runtime.serve", "run the proxy and the local runtime in one process"),
+    "proxy": ("flexinfer.cmd.proxy", "run the OpenAI-compatible proxy (static or Kubernetes inventory)"),
+    "serve": ("flexinfer.cmd.serve", "run the proxy and the local runtime in one process"),
     "operator": ("flexinfer.operator.main", "run the Kubernetes operator (kopf)"),
     "extender": ("flexinfer.scheduler.main", "run the kube-scheduler extender"),
     "agent": ("flexinfer.agent.main", "run the GPU node agent"),
@@ -27,9 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def version() -> str:
     """``flexinfer 0.1.0 (speedups: c)``: the release and which speedups import (c, py or mixed)."""
-    import flexinfer
-
-    return f"flexinfer {flexinfer.__version__} (speedups: {flexinfer.__speedups__})"
+    root = importlib.import_module("flexinfer")  # by name, like the commands (R4: cli imports nothing of ours)
+    return f"flexinfer {root.__version__} (speedups: {root.__speedups__})"
 
 
 class _Version(argparse.Action):

@@ -1,4 +1,5 @@
-"""The layering rules of DESIGN.md, checked by walking every module's imports (AST, no execution)."""
+"""The import rules of docs/architecture.md (R1-R5), checked by walking every module's imports
+(AST, no execution; imports inside functions count too)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,28 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "flexinfer"
+
+GROUND = ("flexinfer", "errors", "labels", "settings", "sharing", "units")  # "flexinfer": the package root
+# docs/architecture.md, "The parts": the floor of each part
+FLOORS: dict[str, int] = {
+    "_speedups": 0, **{g: 0 for g in GROUND},
+    "http": 1, "k8s": 1, "backends": 1, "api": 1,
+    "proxy": 2, "runtime": 2, "operator": 2, "scheduler": 2, "agent": 2, "tps": 2, "flashloader": 2,
+    "cmd": 3, "cli": 3,
+}
+# R2: the only imports allowed between parts of the same floor (importer -> imported, by prefix)
+SAME_FLOOR: dict[str, tuple[str, ...]] = {
+    **{g: ("_speedups", *GROUND) for g in GROUND},
+    "api": ("backends",),
+    "proxy": ("runtime.base",),
+}
+PROXY_FLOOR_1 = ("http",)  # R3
 KUBE_LIBS = ("kubernetes_asyncio", "kopf", "kubernetes")
-KUBE_ALLOWED = ("flexinfer.k8s", "flexinfer.runtime.kube", "flexinfer.operator", "flexinfer.scheduler", "flexinfer.agent",
-                "flexinfer.tps")
+KUBE_ALLOWED = ("k8s", "runtime.kube", "operator", "scheduler", "agent", "tps")  # R5
 
 
 def modules() -> dict[str, set[str]]:
+    """Module name (``flexinfer.proxy.pipeline``; ``flexinfer`` for the root) -> the names it imports."""
     out: dict[str, set[str]] = {}
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(PKG.parent).with_suffix("")
@@ -27,24 +44,79 @@ def modules() -> dict[str, set[str]]:
     return out
 
 
-def test_layers() -> None:
+def part(name: str) -> str | None:
+    """The part a module (or an imported name) belongs to; None when it is not ours."""
+    if name == "flexinfer":
+        return "flexinfer"
+    if not name.startswith("flexinfer."):
+        return None
+    head = name.split(".")[1]
+    if head in FLOORS:
+        return head
+    return "flexinfer" if head.startswith("__") else None  # ``from flexinfer import __version__``: the root
+
+
+def check(mods: dict[str, set[str]]) -> list[str]:
+    problems: list[str] = []
+    for name in sorted(mods):
+        me = part(name)
+        assert me is not None, f"{name}: a module of no part; add it to docs/architecture.md and FLOORS"
+        for imp in sorted(i for i in mods[name] if part(i) is not None):
+            other = part(imp)
+            assert other is not None
+            if other == me:
+                continue  # its own part
+            if me == "_speedups":
+                problems.append(f"R1 {name}: _speedups imports nothing of ours, found {imp}")
+                continue
+            if me == "cli":
+                problems.append(f"R4 {name}: cli imports nothing of ours (commands by name), found {imp}")
+                continue
+            if me == "proxy" and FLOORS[other] == 1 and other not in PROXY_FLOOR_1:
+                problems.append(f"R3 {name}: the proxy imports http only of floor 1, found {imp}")
+                continue
+            below = FLOORS[other] < FLOORS[me]
+            allowed_peer = FLOORS[other] == FLOORS[me] and imp.removeprefix("flexinfer.").startswith(
+                SAME_FLOOR.get(me, ()))
+            if not (below or allowed_peer):
+                problems.append(f"R2 {name}: imports only its own part and lower floors "
+                                f"({me} is floor {FLOORS[me]}, {other} floor {FLOORS[other]}), found {imp}")
+        kube = sorted(i for i in mods[name] if i.split(".")[0] in KUBE_LIBS)
+        if kube and not (name + ".").startswith(tuple(f"flexinfer.{k}." for k in KUBE_ALLOWED)):
+            problems.append(f"R5 {name}: only {', '.join(KUBE_ALLOWED)} import a Kubernetes client, found {kube}")
+    return problems
+
+
+def test_every_module_has_a_part() -> None:
     mods = modules()
-    assert "flexinfer.proxy.pipeline" in mods
-    problems = []
-    for name, imps in mods.items():
-        ours = {i for i in imps if i.startswith("flexinfer")}
-        if name.startswith("flexinfer._speedups") and ours:
-            problems.append(f"{name}: _speedups imports nothing of ours, found {sorted(ours)}")
-        if name.startswith("flexinfer.http") and any(
-                i.startswith(("flexinfer.proxy", "flexinfer.runtime", "flexinfer.api")) for i in ours):
-            problems.append(f"{name}: http knows no models, found {sorted(ours)}")
-        if name.startswith("flexinfer.proxy") and name != "flexinfer.proxy.main":  # main wires the parts
-            bad = [i for i in ours if i.startswith("flexinfer.runtime") and not i.startswith("flexinfer.runtime.base")]
-            if bad:
-                problems.append(f"{name}: proxy knows runtime.base only, found {bad}")
-        if name.startswith("flexinfer.runtime") and any(i.startswith("flexinfer.operator") for i in ours):
-            problems.append(f"{name}: the runtime knows no operator (the shared pure rules live outside it), "
-                            f"found {sorted(i for i in ours if i.startswith('flexinfer.operator'))}")
-        if any(i.split(".")[0] in KUBE_LIBS for i in imps) and not name.startswith(KUBE_ALLOWED):
-            problems.append(f"{name}: only kube/operator/scheduler/agent/tps may import the Kubernetes client")
+    assert "flexinfer.proxy.pipeline" in mods and "flexinfer" in mods and "flexinfer.cli" in mods
+    assert not [m for m in mods if part(m) is None]
+
+
+def test_layers() -> None:
+    problems = check(modules())
     assert not problems, "\n".join(problems)
+
+
+def test_rules_catch_what_they_name() -> None:
+    """Each rule fires on a module that breaks it (so a typo in the tables cannot silence one)."""
+    bad = {
+        "flexinfer._speedups.x": {"flexinfer.errors"},
+        "flexinfer": {"flexinfer._speedups"},  # allowed (floor 0 peers)
+        "flexinfer.errors": {"flexinfer.http"},
+        "flexinfer.http.x": {"flexinfer.api.model"},
+        "flexinfer.runtime.x": {"flexinfer.proxy.pipeline"},
+        "flexinfer.runtime.y": {"flexinfer.operator.rules"},
+        "flexinfer.proxy.x": {"flexinfer.runtime.kube", "flexinfer.k8s.client"},
+        "flexinfer.api.x": {"flexinfer.backends"},  # allowed
+        "flexinfer.k8s.x": {"flexinfer.cmd.proxy"},
+        "flexinfer.cli": {"flexinfer.cmd.proxy"},
+        "flexinfer.agent.x": {"kopf"},  # allowed
+        "flexinfer.settings": {"kubernetes_asyncio"},
+    }
+    found = check(bad)
+    rules = sorted({p.split()[0] + " " + p.split()[1].rstrip(":").removeprefix("flexinfer.") for p in found})
+    assert rules == sorted([
+        "R1 _speedups.x", "R2 errors", "R2 http.x", "R2 runtime.x", "R2 runtime.y", "R2 proxy.x", "R3 proxy.x",
+        "R2 k8s.x", "R4 cli", "R5 settings",
+    ]), found

@@ -72,7 +72,9 @@ class _ExtraMessage(Exception):
 
 
 class _Conn(asyncio.Protocol):
-    """One upstream connection: one exchange at a time."""
+    """One upstream connection: one exchange at a time. The :class:`~flexinfer.http.upstream.BodySource`
+    of the responses it parses (``loop``, ``paused``, ``pause_reading``, ``resume_reading``,
+    ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
         "broken", "checked_out", "close_delimited", "expect_response", "hdr_bytes", "head_due", "head_only",
@@ -139,7 +141,7 @@ class _Conn(asyncio.Protocol):
                 and self.waiter is None):
             self.msg_done = True
             self.resp = None
-            resp._on_complete()  # a close-delimited body ends at EOF
+            resp.on_complete()  # a close-delimited body ends at EOF
             return
         err = UpstreamError("upstream reset the connection" if exc is not None
                             else "upstream closed the connection",
@@ -163,8 +165,8 @@ class _Conn(asyncio.Protocol):
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             failure = exc
         resp = self.resp
-        if resp is not None and resp._batch is not None:
-            resp._flush_batch()  # what this read carried goes to the client first, in one call
+        if resp is not None:
+            resp.on_read_end()  # what this read carried goes to the client first, in one call
         if failure is not None and self._parse_failed(failure):
             return
         if self.msg_done:
@@ -233,7 +235,7 @@ class _Conn(asyncio.Protocol):
         self.close_delimited = not no_body and cl is None and not chunked
         if self.close_delimited:
             self.keep_alive = False
-        resp = UpstreamResponse(self, status, self.headers, cl, chunked)
+        resp = UpstreamResponse(self, status, self.headers, cl, chunked, self.pool._settings.read_buffer_high)
         self.resp = resp
         self.head_due = 0.0
         waiter = self.waiter
@@ -241,7 +243,7 @@ class _Conn(asyncio.Protocol):
         if self.head_only:
             self.broken = True  # the parser would wait for a body that never comes
             self.msg_done = True
-            resp._on_complete()
+            resp.on_complete()
         elif not no_body and cl != 0:
             idle = self.pool._settings.stream_idle_timeout
             if idle > 0:
@@ -253,12 +255,7 @@ class _Conn(asyncio.Protocol):
     def on_body(self, piece: bytes) -> None:
         resp = self.resp
         if resp is not None and not self.msg_done:
-            if resp._sink is None:
-                resp._on_piece(piece)
-            elif resp._batch is None:  # relaying: collected, handed over once this read is parsed
-                resp._batch = [piece]
-            else:
-                resp._batch.append(piece)
+            resp.on_body(piece)
 
     def on_message_complete(self) -> None:
         if self.interim:
@@ -269,7 +266,7 @@ class _Conn(asyncio.Protocol):
         self.msg_done = True
         resp = self.resp
         if resp is not None:
-            resp._on_complete()
+            resp.on_complete()
 
     # ---- exchange -----------------------------------------------------------------------------
     async def exchange(self, head: bytes, body: bytes, timeout: float,
@@ -317,7 +314,7 @@ class _Conn(asyncio.Protocol):
             else:
                 waiter.set_exception(err)
         elif resp is not None:
-            resp._on_error(err)
+            resp.on_error(err)
 
     def _fail(self, err: UpstreamError) -> None:
         self.broken = True

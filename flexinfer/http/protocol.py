@@ -1,15 +1,19 @@
 """One HTTP/1.1 connection: httptools callbacks, limits, deadlines, keep-alive, pipelining.
 
 Owns: :class:`HttpProtocol` (one per connection), the :class:`Handler` interface and THE place where
-a parse failure or a broken rule becomes a response (:meth:`HttpProtocol._parse_failed` maps, and
-:meth:`HttpProtocol._reject` answers: once, OpenAI JSON, ``Connection: close``, one counter, and
-the handler is never called). :class:`Request` and :class:`ResponseWriter` live in request.py and
-are re-exported here, as the contract names them.
+a parse failure or a broken rule becomes a response (:meth:`HttpProtocol._parse_failed` maps it to
+a rejection reason, and ``_reject`` of closing.py answers: once, OpenAI JSON, ``Connection: close``,
+one counter, and the handler is never called). Head rules: pure functions in head.py. How a
+connection ends: closing.py's ``Closing``, the base of :class:`HttpProtocol`. :class:`Request` and
+:class:`ResponseWriter` live in request.py and are re-exported here, as the contract names them;
+the writer uses only ``request.Connection``, the public surface the protocol gives it.
 
-How it works: parser callbacks only record (and raise ``_Reject`` to stop the parser at once when a
-rule is broken). Limits are checked as bytes arrive: URL bytes in ``on_url``, the header count in
+How it works: parser callbacks only record (and raise ``Rejected`` to stop the parser at once when
+a rule is broken). Limits are checked as bytes arrive: URL bytes in ``on_url``, the header count in
 ``on_header``, and the raw bytes fed while the header block is still open, so a 1 MiB header value
-is refused after about one read; names and values are checked in one local loop at headers-complete.
+is refused after about one read; names and values are checked in one local loop at headers-complete
+(head.read_headers). The state of the body being read (its length, limit, pieces, an owed
+``100 Continue``) is the connection's, not the Request's.
 Bytes are fed in slices cut where a head or a Content-Length body ends, so each slice belongs to one
 message: inside a chunked body, the raw bytes minus the data and the chunks' own framing are the
 chunk extensions and trailer fields, bounded per request (``max_chunk_extension``) after every slice
@@ -31,18 +35,12 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
-from flexinfer.errors import (
-    FlexInferError,
-    InternalError,
-)
+from flexinfer.errors import FlexInferError, InternalError
+from flexinfer.http.closing import DL_BODY, DL_FRESH, DL_HEADER, DL_KEEPALIVE, DL_WRITE, LINGER_BYTES, Closing
 from flexinfer.http.flow import ClientGone, FlowControl
+from flexinfer.http.head import Rejected, keeps_alive_10, read_headers, request_line
 from flexinfer.http.request import Request, ResponseWriter
-from flexinfer.http.responses import (
-    CONTINUE_100,
-    DATE,
-    error_response_parts,
-    rejection_parts,
-)
+from flexinfer.http.responses import CONTINUE_100
 
 if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
@@ -57,10 +55,6 @@ KiB = 1024
 PENDING_HIGH = 64 * KiB
 #: Complete requests parsed ahead (same read as an earlier one) before the connection is closed.
 PIPELINE_MAX = 64
-#: After a rejection: how long and how much we keep reading (and dropping) so that the kernel does
-#: not answer the client's unread bytes with a RST that would destroy our response in flight.
-LINGER_SECONDS = 2.0
-LINGER_BYTES = 1024 * KiB
 #: Bytes around a chunk extension (size digits, ';', CRLFs) and around the header block (method,
 #: version, CRLFs) tolerated on top of the configured limits by the raw-byte checks.
 _CHUNK_LINE_SLACK = 64
@@ -71,46 +65,6 @@ _CHUNK_SLICE_MIN = 1024
 
 # parse phases
 _IDLE, _HEAD, _BODY, _CHUNKED = 0, 1, 2, 3
-# deadline kinds
-_DL_FRESH, _DL_KEEPALIVE, _DL_HEADER, _DL_BODY, _DL_LINGER, _DL_WRITE = 1, 2, 3, 4, 5, 6
-
-# headers the core interprets
-_H_HOST, _H_CL, _H_TE, _H_UPGRADE, _H_EXPECT, _H_CT, _H_CONN = 1, 2, 3, 4, 5, 6, 7
-_SPECIAL = {
-    b"connection": _H_CONN,
-    b"host": _H_HOST,
-    b"content-length": _H_CL,
-    b"transfer-encoding": _H_TE,
-    b"upgrade": _H_UPGRADE,
-    b"expect": _H_EXPECT,
-    b"content-type": _H_CT,
-}
-#: raw header name as received -> (lower-cased name, _SPECIAL kind or 0); bounded so that random
-#: names cannot grow it. Saves a lower(), a '_' scan and a lookup per header per request.
-_NAMES: dict[bytes, tuple[bytes, int]] = {}
-_NAMES_MAX = 2048
-_METHODS = {m.encode(): m for m in (
-    "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE")}
-
-
-def _keeps_alive_10(conn: bytes | None) -> bool:
-    """Whether an HTTP/1.0 request's Connection header asks to persist (RFC 9112 §9.3): the
-    ``keep-alive`` option and no ``close``. llhttp's should_keep_alive() also honours the
-    non-standard ``Proxy-Connection: keep-alive`` and lets ``keep-alive`` win over ``close``, so a
-    strict parser (h11) would end the connection where we read on."""
-    if conn is None:
-        return False
-    tokens = {t.strip().lower() for t in conn.split(b",")}
-    return b"keep-alive" in tokens and b"close" not in tokens
-
-
-class _Reject(Exception):
-    """Raised inside a parser callback: stop parsing and answer with the core rejection ``reason``
-    (or with ``err`` when the handler's on_headers refused the request)."""
-
-    def __init__(self, reason: str | None, err: FlexInferError | None = None) -> None:
-        self.reason = reason
-        self.err = err
 
 
 class _Stop(Exception):
@@ -125,25 +79,24 @@ class Handler(Protocol):
     async def handle(self, req: Request, resp: ResponseWriter) -> None: ...
 
 
-class HttpProtocol(asyncio.Protocol):
+class HttpProtocol(Closing, asyncio.Protocol):
     """One client connection (see the module docstring)."""
 
     __slots__ = (
         "_active",
+        "_body_len",
+        "_body_limit",
+        "_body_parts",
         "_cb_exc",
         "_chunk_mark",
         "_chunk_min",
         "_chunk_slice_min",
-        "_closing",
-        "_dl_kind",
+        "_continue",
         "_feed_len",
-        "_final",
         "_handler",
         "_head_limit",
         "_headers",
         "_length",
-        "_lingered",
-        "_loop",
         "_lost",
         "_max_hdr_bytes",
         "_max_headers",
@@ -154,7 +107,6 @@ class HttpProtocol(asyncio.Protocol):
         "_phase",
         "_queue",
         "_raw",
-        "_rejected",
         "_req",
         "_server",
         "_settings",
@@ -164,17 +116,18 @@ class HttpProtocol(asyncio.Protocol):
         "_url",
         "_url_len",
         "_write_wait",
-        "deadline",
         "flow",
+        "loop",
     )
 
     def __init__(self, server: HTTPServer) -> None:
+        Closing.__init__(self)
         s = server.settings
         self._server = server
         self._settings = s
         self._handler = server.handler
         self._stats = server.stats
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         self._max_url = s.max_request_line
         self._max_headers = s.max_headers
@@ -191,25 +144,32 @@ class HttpProtocol(asyncio.Protocol):
         self._length = 0  # Content-Length of the body being read
         self._chunk_min = 0  # framing bytes of the chunks read so far (size digits, CRLFs)
         self._chunk_mark = 0  # body bytes at the end of the last chunk
+        self._body_len = 0  # body bytes of the request being read
+        self._body_limit = 0  # its body limit
+        self._body_parts: list[bytes] = []  # its body pieces (joined at message-complete)
+        self._continue = False  # its 100 Continue is owed, once the responses before it are out
         self._req: Request | None = None
         self._active: ResponseWriter | None = None
         self._queue: deque[Request] = deque()
         self._pending: bytearray | None = None
-        self._final: tuple[bytes, bytes] | None = None
-        self._closing = False
-        self._rejected = False
-        self._lingered = 0
         self._lost = False
         self._write_wait = False
         self._cb_exc: BaseException | None = None
-        self.deadline = 0.0
-        self._dl_kind = 0
         self._reset_message()
 
     def _reset_message(self) -> None:
         self._url = b""
         self._url_len = 0
         self._headers: list[tuple[bytes, bytes]] = []
+
+    # ---- what its ResponseWriter uses (request.Connection; also response_done, abort_connection)
+    @property
+    def transport(self) -> asyncio.Transport:
+        return self._transport
+
+    @property
+    def draining(self) -> bool:
+        return self._server.draining
 
     # ---- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -225,19 +185,22 @@ class HttpProtocol(asyncio.Protocol):
         if self._stats.connections_active > self._settings.max_connections:
             self._reject("too_many_connections")
             return
-        self.deadline = self._loop.time() + self._settings.header_timeout
-        self._dl_kind = _DL_FRESH
+        self.deadline = self.loop.time() + self._settings.header_timeout
+        self._dl_kind = DL_FRESH
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.deadline = 0.0
         self.flow.connection_lost()
         self._server._unregister(self)
-        self._queue.clear()
-        self._pending = None
+        self._drop_queued()
         w = self._active
         if w is not None:
-            w._client_lost()
+            w.client_lost()
+
+    def _drop_queued(self) -> None:
+        self._queue.clear()
+        self._pending = None
 
     def eof_received(self) -> bool | None:
         # A half-close counts as going away (nginx: 499). Returning None closes the transport, and
@@ -295,9 +258,8 @@ class HttpProtocol(asyncio.Protocol):
                 else:
                     end = i
             elif phase == _BODY:
-                req = self._req
-                if req is not None:
-                    end = min(n, pos + self._length - req._body_len)
+                if self._req is not None:
+                    end = min(n, pos + self._length - self._body_len)
             else:
                 room = self._chunk_room()
                 end = min(n, pos + (room if room > self._chunk_slice_min else self._chunk_slice_min))
@@ -319,8 +281,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _chunk_room(self) -> int:
         """Bytes of chunk metadata (extensions, trailers) this request may still send."""
-        req = self._req
-        body = req._body_len if req is not None else 0
+        body = self._body_len if self._req is not None else 0
         return self._settings.max_chunk_extension + _CHUNK_LINE_SLACK - (self._raw - body - self._chunk_min)
 
     def _feed_slice(self, data: bytes | bytearray | memoryview, phase: int) -> None:
@@ -350,7 +311,7 @@ class HttpProtocol(asyncio.Protocol):
             # one feeds the bytes pipelined behind its request)
             ctx = self._cb_exc or exc.__context__
             self._cb_exc = None
-            if isinstance(ctx, _Reject):
+            if isinstance(ctx, Rejected):
                 self._reject(ctx.reason, ctx.err)
             elif isinstance(ctx, _Stop):
                 pass
@@ -374,19 +335,19 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if len(self._queue) >= PIPELINE_MAX:
-            raise self._cb_failed(_Reject("pipeline_overflow"))
+            raise self._cb_failed(Rejected("pipeline_overflow"))
         self._phase = _HEAD
         self._raw = self._feed_len
         self._tail = b""
         self._reset_message()
         if self._active is None:
-            self.deadline = self._loop.time() + self._settings.header_timeout
-            self._dl_kind = _DL_HEADER
+            self.deadline = self.loop.time() + self._settings.header_timeout
+            self._dl_kind = DL_HEADER
 
     def on_url(self, piece: bytes) -> None:
         n = self._url_len + len(piece)
         if n > self._max_url:
-            raise self._cb_failed(_Reject("uri_too_long"))
+            raise self._cb_failed(Rejected("uri_too_long"))
         self._url_len = n
         self._url = self._url + piece if self._url else piece
 
@@ -397,142 +358,87 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._headers
         headers.append((name, value))
         if len(headers) > self._max_headers:
-            raise self._cb_failed(_Reject("too_many_headers"))
+            raise self._cb_failed(Rejected("too_many_headers"))
 
     def on_headers_complete(self) -> None:
         p = self._parser
         version = p.get_http_version()
-        if version != "1.1" and version != "1.0":
-            raise self._cb_failed(_Reject("version_not_supported"))
-        mb = p.get_method()
-        method = _METHODS.get(mb) or mb.decode("ascii", "replace")
-        if method == "CONNECT":
-            raise self._cb_failed(_Reject("method_not_allowed"))
-        # (an Upgrade header is refused below, CONNECT above: llhttp's upgrade flag needs one of them)
         url = self._url
-        if url[:1] != b"/" and not (url == b"*" and method == "OPTIONS"):
-            raise self._cb_failed(_Reject("bad_target"))
-        if b"#" in url or not url.isascii():
-            raise self._cb_failed(_Reject("bad_target"))
-        raw = self._headers
-        self._headers = []
-        headers: list[tuple[bytes, bytes]] = []
-        append = headers.append
-        special = _SPECIAL
-        total = 4 * len(raw)
-        hosts = 0
-        cl: bytes | None = None
-        te: bytes | None = None
-        expect = False
-        ctype = b""
-        conn: bytes | None = None
-        names = _NAMES
-        for name, value in raw:
-            total += len(name) + len(value)
-            known = names.get(name)
-            if known is None:
-                lname = name.lower()
-                if b"_" in lname:
-                    raise self._cb_failed(_Reject("bad_header_name"))
-                known = (lname, special.get(lname, 0))
-                if len(names) < _NAMES_MAX:
-                    names[name] = known
-            name, kind = known
-            if not value.isascii():
-                raise self._cb_failed(_Reject("bad_header_value"))
-            if value and (value[-1] == 32 or value[-1] == 9):
-                value = value.rstrip(b" \t")
-            if kind:
-                if kind == _H_HOST:
-                    hosts += 1
-                elif kind == _H_CL:
-                    if cl is not None:
-                        raise self._cb_failed(_Reject("bad_framing"))
-                    cl = value
-                elif kind == _H_TE:
-                    if te is not None:
-                        raise self._cb_failed(_Reject("bad_framing"))
-                    te = value
-                elif kind == _H_UPGRADE:
-                    raise self._cb_failed(_Reject("upgrade_rejected"))
-                elif kind == _H_EXPECT:
-                    expect = value.lower() == b"100-continue"
-                elif kind == _H_CONN:
-                    conn = value if conn is None else conn + b"," + value
-                else:
-                    ctype = value
-            append((name, value))
-        if total > self._max_hdr_bytes:
-            raise self._cb_failed(_Reject("header_too_large"))
-        if hosts != 1 and (hosts > 1 or version == "1.1"):
-            raise self._cb_failed(_Reject("bad_host"))
-        chunked = False
-        length = 0
-        if te is not None:
-            if cl is not None or version == "1.0" or te.lower() != b"chunked":
-                raise self._cb_failed(_Reject("bad_framing"))
-            chunked = True
-        elif cl is not None:
-            if not cl.isdigit() or len(cl) > 18:
-                raise self._cb_failed(_Reject("bad_framing"))
-            length = int(cl)
-        if ctype:
-            ctype = ctype.split(b";", 1)[0].strip().lower()
-        s = self._settings
-        limit = s.max_body_multipart if ctype == b"multipart/form-data" else s.max_body_json
-        if length > limit:
-            raise self._cb_failed(_Reject("body_too_large"))
-        if self._server.draining:
-            raise self._cb_failed(_Reject("shutting_down"))
-        path, _, query = url.partition(b"?")
-        keep_alive = p.should_keep_alive()
-        if keep_alive and version == "1.0" and not _keeps_alive_10(conn):
-            keep_alive = False
-        req = Request(method, url, path.decode("ascii"), query.decode("ascii") if query else "", version,
-                      headers, keep_alive, self._peer, ctype)
-        req._limit = limit
+        try:
+            method = request_line(version, p.get_method(), url)
+            raw = self._headers
+            self._headers = []  # trailer fields land in this fresh list and are dropped
+            headers, ctype, length, expect, conn = read_headers(raw, version, self._max_hdr_bytes)
+            limit = self._admit(ctype, length)
+        except Rejected as exc:
+            self._cb_failed(exc)
+            raise
+        req = self._new_request(method, url, version, headers, ctype, conn)
         try:
             err = self._handler.on_headers(req)
         except Exception as exc:
             self._cb_failed(exc)
             raise
         if err is not None:
-            raise self._cb_failed(_Reject(None, err))
+            raise self._cb_failed(Rejected(None, err))
         self._req = req
-        if chunked or length:
-            self._phase = _CHUNKED if chunked else _BODY
-            self._raw = 0
-            self._length = length
-            self._chunk_min = self._chunk_mark = 0
-            if self._active is None:
-                self.deadline = self._loop.time() + s.body_timeout
-                self._dl_kind = _DL_BODY
-            if expect and version == "1.1":
-                if self._active is None:
-                    self._transport.write(CONTINUE_100)
-                else:
-                    req._expect = True  # sent once the responses before it are out
+        if length:
+            self._arm_body(length, limit, expect and version == "1.1")
         else:
             self._phase = _BODY
 
+    def _admit(self, ctype: bytes, length: int) -> int:
+        """The body limit of a request with media type ``ctype`` (checked against a declared
+        Content-Length here, against the bytes as they arrive in on_body); no request while draining."""
+        s = self._settings
+        limit = s.max_body_multipart if ctype == b"multipart/form-data" else s.max_body_json
+        if length > limit:
+            raise Rejected("body_too_large")
+        if self._server.draining:
+            raise Rejected("shutting_down")
+        return limit
+
+    def _new_request(self, method: str, url: bytes, version: str, headers: list[tuple[bytes, bytes]],
+                     ctype: bytes, conn: bytes | None) -> Request:
+        path, _, query = url.partition(b"?")
+        keep_alive = self._parser.should_keep_alive()
+        if keep_alive and version == "1.0" and not keeps_alive_10(conn):
+            keep_alive = False
+        return Request(method, url, path.decode("ascii"), query.decode("ascii") if query else "", version,
+                       headers, keep_alive, self._peer, ctype)
+
+    def _arm_body(self, length: int, limit: int, expect: bool) -> None:
+        """Read a body: chunked (``length`` -1) or ``length`` bytes, at most ``limit``; the body
+        deadline; ``100 Continue`` now, or once the responses before this request are out."""
+        self._phase = _CHUNKED if length < 0 else _BODY
+        self._raw = 0
+        self._length = length if length > 0 else 0
+        self._chunk_min = self._chunk_mark = 0
+        self._body_len = 0
+        self._body_limit = limit
+        if self._active is None:
+            self.deadline = self.loop.time() + self._settings.body_timeout
+            self._dl_kind = DL_BODY
+        if expect:
+            if self._active is None:
+                self._transport.write(CONTINUE_100)
+            else:
+                self._continue = True
+
     def on_body(self, piece: bytes) -> None:
-        req = self._req
-        if req is None:  # pragma: no cover - the parser calls on_body only inside a message
-            return
-        n = req._body_len + len(piece)
-        if n > req._limit:
-            raise self._cb_failed(_Reject("body_too_large"))
-        req._body_len = n
-        req._parts.append(piece)
+        # (the parser calls on_body only inside a message whose headers passed: _arm_body ran)
+        n = self._body_len + len(piece)
+        if n > self._body_limit:
+            raise self._cb_failed(Rejected("body_too_large"))
+        self._body_len = n
+        self._body_parts.append(piece)
 
     def on_chunk_complete(self) -> None:
         # credit the chunk's own framing (size digits, two CRLFs; for the last chunk "0", CRLF and
         # the blank line): what is left of the raw bytes is chunk extensions and trailer fields
-        req = self._req
-        if req is not None:
-            size = req._body_len - self._chunk_mark
-            self._chunk_mark = req._body_len
-            self._chunk_min += max(1, (size.bit_length() + 3) >> 2) + 4
+        size = self._body_len - self._chunk_mark
+        self._chunk_mark = self._body_len
+        self._chunk_min += max(1, (size.bit_length() + 3) >> 2) + 4
 
     def on_message_complete(self) -> None:
         req = self._req
@@ -540,16 +446,17 @@ class HttpProtocol(asyncio.Protocol):
             # the slice may hold bytes of the next request too, but slices inside a chunked body
             # are cut to the room left (_feed): only a request that already spent nearly all of it
             # can be refused by them
-            raise self._cb_failed(_Reject("chunk_extension_too_large"))
+            raise self._cb_failed(Rejected("chunk_extension_too_large"))
         self._req = None
         self._phase = _IDLE
         self._feed_len = 0
+        self._continue = False  # (a body that arrived behind another request's response)
         if req is None:  # pragma: no cover - defensive
             return
-        parts = req._parts
+        parts = self._body_parts
         if parts:
             req.body = parts[0] if len(parts) == 1 else b"".join(parts)
-            req._parts = []
+            parts.clear()
         if self._active is None:
             self._start(req)
         else:
@@ -564,7 +471,7 @@ class HttpProtocol(asyncio.Protocol):
         self._active = w
         self.deadline = 0.0
         self._stats.requests_total += 1
-        w._task = self._loop.create_task(self._run(req, w))
+        w.task = self.loop.create_task(self._run(req, w))
 
     async def _run(self, req: Request, w: ResponseWriter) -> None:
         try:
@@ -582,7 +489,7 @@ class HttpProtocol(asyncio.Protocol):
             if w.started:
                 w.abort()
                 return
-            w._keep_alive = False
+            w.keep_alive = False
             w.send_error(InternalError("Internal server error."))
             return
         if not w.finished and not w.disconnected:
@@ -590,16 +497,16 @@ class HttpProtocol(asyncio.Protocol):
             if w.started:
                 w.abort()
             else:
-                w._keep_alive = False
+                w.keep_alive = False
                 w.send_error(InternalError("Internal server error."))
 
-    def _response_done(self, w: ResponseWriter) -> None:
+    def response_done(self, w: ResponseWriter) -> None:
         """The active response is complete: go on with the next request, or close."""
         if self._active is w:
             self._active = None
         if self._lost:
             return
-        if not w._keep_alive:
+        if not w.keep_alive:
             self._closing = True
             self._close_gracefully()
             return
@@ -609,8 +516,8 @@ class HttpProtocol(asyncio.Protocol):
             # that never reads can make us buffer.
             self._write_wait = True
             self.flow.pause_reading()
-            self.deadline = self._loop.time() + self._settings.keepalive_timeout
-            self._dl_kind = _DL_WRITE
+            self.deadline = self.loop.time() + self._settings.keepalive_timeout
+            self._dl_kind = DL_WRITE
             return
         self._next()
 
@@ -628,21 +535,20 @@ class HttpProtocol(asyncio.Protocol):
         if self._closing:
             self._close_gracefully()
             return
-        req = self._req
-        if req is not None and req._expect:
-            req._expect = False
+        if self._continue:
+            self._continue = False
             self._transport.write(CONTINUE_100)
-        now = self._loop.time()
+        now = self.loop.time()
         phase = self._phase
         if phase == _IDLE:
             self.deadline = now + self._settings.keepalive_timeout
-            self._dl_kind = _DL_KEEPALIVE
+            self._dl_kind = DL_KEEPALIVE
         elif phase == _HEAD:
             self.deadline = now + self._settings.header_timeout
-            self._dl_kind = _DL_HEADER
+            self._dl_kind = DL_HEADER
         else:
             self.deadline = now + self._settings.body_timeout
-            self._dl_kind = _DL_BODY
+            self._dl_kind = DL_BODY
         pending = self._pending
         if pending:
             self._pending = None
@@ -650,89 +556,6 @@ class HttpProtocol(asyncio.Protocol):
             self._feed(pending)
         else:
             self.flow.resume_reading()
-
-    # ---- rejections and closing -------------------------------------------------------------
-    def _reject(self, reason: str | None, err: FlexInferError | None = None) -> None:
-        """Answer once with an error, close, count ``reason``. Never calls the handler."""
-        if self._rejected:
-            return
-        self._rejected = True
-        self._closing = True
-        self.deadline = 0.0
-        if reason is not None:
-            rej = self._stats.rejections
-            rej[reason] = rej.get(reason, 0) + 1
-        if reason == "pipeline_overflow":
-            if self._active is None:
-                self._close_gracefully()
-            return
-        if err is None:
-            line, rest = rejection_parts(reason or "bad_request")
-        else:
-            try:
-                line, rest = error_response_parts(err, close=True)
-            except ValueError:
-                log.error("on_headers error %r has an invalid header", err)
-                line, rest = rejection_parts("internal_error")
-        if self._active is not None:
-            self._final = (line, rest)  # answered after the responses before it
-            return
-        self._write_final(line, rest)
-
-    def _write_final(self, line: bytes, rest: bytes) -> None:
-        if self._lost:
-            return
-        self._transport.write(line + DATE[0] + rest)
-        self._close_gracefully()
-
-    def _close_gracefully(self) -> None:
-        """Send FIN after the buffered bytes, then keep reading and dropping for a short while."""
-        self._closing = True
-        tr = self._transport
-        if self._lost or tr.is_closing():
-            return
-        self._queue.clear()
-        self._pending = None
-        if tr.can_write_eof():
-            try:
-                tr.write_eof()
-            except (OSError, RuntimeError):
-                tr.close()
-                return
-            self.flow.resume_reading()
-            self.deadline = self._loop.time() + min(LINGER_SECONDS, self._settings.header_timeout)
-            self._dl_kind = _DL_LINGER
-        else:
-            tr.close()
-
-    def _abort_connection(self) -> None:
-        """Close at once, unfinished response included (no terminating chunk)."""
-        self._closing = True
-        self.deadline = 0.0
-        tr = self._transport
-        if self._lost or tr.is_closing():
-            return
-        if self.flow.write_paused:
-            tr.abort()
-        else:
-            tr.close()
-
-    def on_deadline(self) -> None:
-        """Called by the server tick when ``deadline`` passed."""
-        self.deadline = 0.0
-        if self._lost or self._active is not None:
-            return
-        kind = self._dl_kind
-        if kind == _DL_HEADER:
-            self._reject("header_timeout")
-        elif kind == _DL_BODY:
-            self._reject("body_timeout")
-        elif kind in (_DL_LINGER, _DL_WRITE):
-            self._closing = True
-            self._transport.abort()
-        else:  # fresh or idle keep-alive connection: close quietly
-            self._closing = True
-            self._transport.close()
 
     # ---- server-driven ----------------------------------------------------------------------
     @property
@@ -761,9 +584,10 @@ class HttpProtocol(asyncio.Protocol):
         """Drain timeout: abort whatever is in flight."""
         w = self._active
         if w is not None:
-            w._client_lost()  # on_disconnect callbacks first: the handler sees its client gone
-            if w._task is not None and not w._task.done():
-                w._task.cancel()
+            w.client_lost()  # on_disconnect callbacks first: the handler sees its client gone
+            task = w.task
+            if task is not None and not task.done():
+                task.cancel()
         if not self._lost:
             self._closing = True
             self._transport.abort()

@@ -11,8 +11,12 @@ waits for them (or end()); a streamed head (chunked or close-delimited) waits at
 end of the current event-loop iteration (``call_soon``), so a stream's head is never held across a
 wait. :meth:`ResponseWriter.writelines` sends pieces that are ready together (and, with ``end``,
 the terminating chunk) in one transport call.
-Must not: parse requests or decide what comes next on the connection (protocol.py does; the
-writer reports back through ``_response_done`` / ``_abort_connection``). Re-exported by protocol.py.
+Must not: parse requests, hold the state of a body being read, or decide what comes next on the
+connection (protocol.py does). The writer knows its connection only as a :class:`Connection`
+(``transport``, ``flow``, ``loop``, ``draining``; it reports back through ``response_done`` /
+``abort_connection``); the connection uses the writer's connection side (``keep_alive``, ``task``,
+``client_lost()``) besides what handlers use. Nothing here imports protocol.py, which re-exports
+both classes.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from flexinfer.errors import FlexInferError
-from flexinfer.http.flow import ClientGone
+from flexinfer.http.flow import ClientGone, FlowControl
 from flexinfer.http.responses import (
     CHUNKED,
     CONNECTION_CLOSE,
@@ -34,10 +38,7 @@ from flexinfer.http.responses import (
     status_line,
 )
 
-if TYPE_CHECKING:
-    from flexinfer.http.protocol import HttpProtocol
-
-__all__ = ["Request", "ResponseWriter"]
+__all__ = ["Connection", "Request", "ResponseWriter"]
 
 log = logging.getLogger("flexinfer.http")
 
@@ -46,11 +47,29 @@ KiB = 1024
 _FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date"})
 
 
+class Connection(Protocol):
+    """What a :class:`ResponseWriter` uses of its connection (``HttpProtocol`` implements it)."""
+
+    @property
+    def transport(self) -> asyncio.Transport: ...
+    @property
+    def flow(self) -> FlowControl: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def draining(self) -> bool:
+        """The server drains: the response closes the connection."""
+    def response_done(self, w: ResponseWriter) -> None:
+        """``w`` is complete: go on with the next request, or close (as ``w.keep_alive`` says)."""
+    def abort_connection(self) -> None:
+        """Close at once, unfinished response included (no terminating chunk)."""
+
+
 class Request:
     """One request as the handler sees it (see docs/http-core-contract.md)."""
 
-    __slots__ = ("_body_len", "_expect", "_limit", "_parts", "body", "content_type", "ctx", "headers",
-                 "keep_alive", "method", "path", "peer", "query", "target", "version")
+    __slots__ = ("body", "content_type", "ctx", "headers", "keep_alive", "method", "path", "peer", "query",
+                 "target", "version")
 
     def __init__(self, method: str, target: bytes, path: str, query: str, version: str,
                  headers: list[tuple[bytes, bytes]], keep_alive: bool, peer: str,
@@ -66,10 +85,6 @@ class Request:
         self.peer = peer
         self.content_type = content_type
         self.ctx: object | None = None
-        self._parts: list[bytes] = []
-        self._body_len = 0
-        self._limit = 0
-        self._expect = False
 
     def get(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case), else ``default``."""
@@ -85,15 +100,18 @@ class Request:
 class ResponseWriter:
     """Writes one response; responses of a connection leave in request order."""
 
-    __slots__ = ("_callbacks", "_cancel_task", "_chunked", "_close_delimited", "_flow", "_head_only",
-                 "_keep_alive", "_pending_head", "_proto", "_remaining", "_task", "_transport", "_v10",
-                 "disconnected", "finished", "started")
+    __slots__ = ("_callbacks", "_cancel_task", "_chunked", "_close_delimited", "_head_only", "_pending_head",
+                 "_proto", "_remaining", "_transport", "_v10", "disconnected", "finished", "flow", "keep_alive",
+                 "started", "task")
 
-    def __init__(self, proto: HttpProtocol, req: Request) -> None:
+    def __init__(self, proto: Connection, req: Request) -> None:
         self._proto = proto
-        self._transport = proto._transport
-        self._flow = proto.flow
-        self._keep_alive = req.keep_alive
+        self._transport = proto.transport
+        #: the connection's flow control (an upstream relay pauses on it)
+        self.flow = proto.flow
+        #: connection side: whether the connection goes on after this response (the core clears it
+        #: to close after an internal error; a draining server or a 1.0 stream clears it too)
+        self.keep_alive = req.keep_alive
         self._v10 = req.version == "1.0"
         self._head_only = req.method == "HEAD"
         self._chunked = False
@@ -104,7 +122,8 @@ class ResponseWriter:
         self._pending_head: bytes | None = None
         self._callbacks: list[Callable[[], None]] | None = None
         self._cancel_task = False
-        self._task: asyncio.Task[None] | None = None
+        #: connection side: the task running the handler (set by the connection)
+        self.task: asyncio.Task[None] | None = None
         self.started = False
         self.finished = False
         self.disconnected = False
@@ -112,8 +131,8 @@ class ResponseWriter:
     # ---- head -------------------------------------------------------------------------------
     def _build_head(self, status: int, headers: list[tuple[bytes, bytes]] | tuple[()],
                     framing: bytes) -> bytes:
-        ka = self._keep_alive and not self._proto._server.draining
-        self._keep_alive = ka
+        ka = self.keep_alive and not self._proto.draining
+        self.keep_alive = ka
         parts = [status_line(status), DATE[0]]
         lines = 3
         for name, value in headers:
@@ -158,7 +177,7 @@ class ResponseWriter:
             tr.write(head + body)
         else:
             tr.writelines((head, body))
-        self._proto._response_done(self)
+        self._proto.response_done(self)
 
     def send_error(self, err: FlexInferError,
                    headers: list[tuple[bytes, bytes]] | tuple[()] = ()) -> None:
@@ -197,7 +216,7 @@ class ResponseWriter:
             self._remaining = content_length
         elif self._v10:
             framing = b""
-            self._keep_alive = False
+            self.keep_alive = False
             self._close_delimited = True
         else:
             framing = CHUNKED
@@ -209,7 +228,7 @@ class ResponseWriter:
             return
         self._pending_head = head
         if self._remaining is None:  # streamed: never held across a wait
-            self._proto._loop.call_soon(self._flush_head)
+            self._proto.loop.call_soon(self._flush_head)
 
     def _flush_head(self) -> None:
         head = self._pending_head
@@ -264,7 +283,7 @@ class ResponseWriter:
             if end:
                 self.finished = True
                 if not self.disconnected:
-                    self._proto._response_done(self)
+                    self._proto.response_done(self)
             return
         total = 0
         for piece in pieces:
@@ -297,9 +316,9 @@ class ResponseWriter:
                 self._transport.writelines(parts)
         if end:
             if rem:  # fewer bytes than declared: the only honest ending is a close
-                self._proto._abort_connection()
+                self._proto.abort_connection()
             else:
-                self._proto._response_done(self)
+                self._proto.response_done(self)
 
     def end(self) -> None:
         """Finish the response (terminating chunk); the connection goes on with the next request."""
@@ -316,13 +335,13 @@ class ResponseWriter:
         self.started = self.finished = True
         if not self.disconnected:
             self._flush_head()  # a streamed head leaves (as it always did); a Content-Length one never
-            self._proto._abort_connection()
+            self._proto.abort_connection()
 
     async def drain(self) -> None:
         """Wait while the connection's write buffer is over its high-water mark."""
         if self.disconnected:
             raise ClientGone()
-        await self._flow.drain()
+        await self.flow.drain()
 
     def on_disconnect(self, cb: Callable[[], None]) -> None:
         """``cb()`` once if the client goes away before end() (at once if it already has)."""
@@ -347,11 +366,12 @@ class ResponseWriter:
         self._cancel_task = True
 
     def _cancel_handler(self) -> None:
-        task = self._task
+        task = self.task
         if task is not None and not task.done():
             task.cancel()
 
-    def _client_lost(self) -> None:
+    def client_lost(self) -> None:
+        """Connection side: the client went away (the cancel, then the on_disconnect callbacks, once)."""
         if self.disconnected:
             return
         self.disconnected = True

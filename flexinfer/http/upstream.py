@@ -10,8 +10,10 @@ client writer from the connection's ``data_received`` (one writer call per read:
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
 and pauses the upstream socket while the client is slow.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
-through ``_on_piece`` / ``_flush_batch`` / ``_on_complete`` / ``_on_error``). Import these names
-from ``flexinfer.http.client``, which re-exports them.
+through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
+It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
+of client.py: the dependency is one-way. Import these names from ``flexinfer.http.client``, which
+re-exports them.
 """
 
 from __future__ import annotations
@@ -20,16 +22,16 @@ import asyncio
 import re
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flexinfer.http.flow import ClientGone
 
 if TYPE_CHECKING:
-    from flexinfer.http.client import _Conn
-    from flexinfer.http.protocol import ResponseWriter
+    from flexinfer.http.request import ResponseWriter
 
 __all__ = [
     "HOP_BY_HOP",
+    "BodySource",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamResponse",
@@ -160,6 +162,21 @@ def _apply_connection(parts: list[bytes], odd: list[tuple[bytes, bytes, bytes]])
     return kept
 
 
+class BodySource(Protocol):
+    """What an :class:`UpstreamResponse` uses of the connection its body arrives on (client.py's
+    connection implements it)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def paused(self) -> bool:
+        """Reading is paused (the body is consumed slower than it arrives)."""
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def abandon(self) -> None:
+        """The consumer gave up: close at once, never reuse."""
+
+
 class UpstreamResponse:
     """A response head from a backend, and its body as it arrives."""
 
@@ -167,15 +184,15 @@ class UpstreamResponse:
                  "_high", "_loop", "_pieces", "_relayed", "_sink", "_sink_error", "_waiter", "chunked",
                  "content_length", "headers", "status")
 
-    def __init__(self, conn: _Conn, status: int, headers: list[tuple[bytes, bytes]],
-                 content_length: int | None, chunked: bool) -> None:
+    def __init__(self, conn: BodySource, status: int, headers: list[tuple[bytes, bytes]],
+                 content_length: int | None, chunked: bool, read_buffer_high: int) -> None:
         self.status = status
         self.headers = headers
         self.content_length = content_length
         self.chunked = chunked
-        self._conn: _Conn | None = conn
+        self._conn: BodySource | None = conn
         self._loop = conn.loop
-        self._high = conn.pool._settings.read_buffer_high
+        self._high = read_buffer_high  # buffered body bytes before reading pauses
         self._pieces: deque[bytes] = deque()
         self._buffered = 0
         self._eof = False
@@ -192,7 +209,7 @@ class UpstreamResponse:
     def __repr__(self) -> str:
         return f"<UpstreamResponse {self.status} cl={self.content_length} chunked={self.chunked}>"
 
-    # ---- fed by the connection ----------------------------------------------------------------
+    # ---- connection side: fed by the connection the body arrives on ---------------------------
     def _wake(self) -> None:
         w = self._waiter
         if w is not None:
@@ -200,20 +217,30 @@ class UpstreamResponse:
             if not w.done():
                 w.set_result(None)
 
-    def _on_piece(self, piece: bytes) -> None:
-        """A body piece while nobody relays (relayed pieces go to ``_batch``, see _Conn.on_body)."""
-        self._pieces.append(piece)
-        self._buffered += len(piece)
-        if self._buffered > self._high:
-            conn = self._conn
-            if conn is not None:
-                conn.pause_reading()
-        self._wake()
-
-    def _flush_batch(self) -> None:
-        """Hand the pieces of one upstream read to the sink in one call; when the read completed the
-        body, the response is ended in the same call."""
+    def on_body(self, piece: bytes) -> None:
+        """A body piece: buffered for read() while nobody relays, else collected for the sink and
+        handed over by :meth:`on_read_end` once the upstream read that carried it is parsed."""
+        if self._sink is None:
+            self._pieces.append(piece)
+            self._buffered += len(piece)
+            if self._buffered > self._high:
+                conn = self._conn
+                if conn is not None:
+                    conn.pause_reading()
+            self._wake()
+            return
         batch = self._batch
+        if batch is None:
+            self._batch = [piece]
+        else:
+            batch.append(piece)
+
+    def on_read_end(self) -> None:
+        """One upstream read is parsed: hand its pieces to the sink in one call; when the read
+        completed the body, the response is ended in the same call."""
+        batch = self._batch
+        if batch is None:
+            return
         self._batch = None
         sink = self._sink
         if not batch or sink is None:
@@ -231,12 +258,13 @@ class UpstreamResponse:
             return
         for piece in batch:
             self._relayed += len(piece)
-        if not end and sink._flow.write_paused:
+        if not end and sink.flow.write_paused:
             conn = self._conn
             if conn is not None:
                 conn.pause_reading()
 
-    def _on_complete(self) -> None:
+    def on_complete(self) -> None:
+        """The whole body has arrived (the when_complete callback runs here)."""
         self._eof = True
         self._conn = None
         cb = self._done_cb
@@ -260,7 +288,8 @@ class UpstreamResponse:
         """True once the ``when_complete`` callback has run (or the body was complete when it was set)."""
         return self._eof and self._done_cb is None
 
-    def _on_error(self, exc: BaseException) -> None:
+    def on_error(self, exc: BaseException) -> None:
+        """The body failed: read() and relay() raise ``exc``."""
         if self._eof or self._error is not None:
             return
         self._error = exc
@@ -336,7 +365,7 @@ class UpstreamResponse:
             writer.writelines(buffered)
         conn = self._conn
         assert conn is not None
-        flow = writer._flow
+        flow = writer.flow
         self._relayed = n
         self._sink = writer
         writer.on_disconnect(self._on_client_gone)

@@ -84,7 +84,9 @@ def configure_kopf(settings: kopf.OperatorSettings, op: Operator) -> None:
                                           op.settings.retry_base_s * 4]
     settings.watching.server_timeout = 600
     settings.watching.client_timeout = 660
-    settings.batching.worker_limit = 1000
+    # kopf renamed ``batching`` to ``queueing`` (the old name warns); an older kopf has only ``batching``
+    queueing = settings.queueing if hasattr(settings, "queueing") else settings.batching
+    queueing.worker_limit = 1000
 
 
 def _md(body: Mapping[str, Any]) -> Mapping[str, Any]:

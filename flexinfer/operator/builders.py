@@ -299,7 +299,11 @@ def pod_spec(m: Model, target: Target, vol: ModelVolume, *, settings: OperatorSe
     container["volumeMounts"] = mounts
     spec: dict[str, Any] = {"automountServiceAccountToken": False, "containers": [container], "volumes": volumes}
     if flash is not None and vol.source is not None:
-        spec["initContainers"] = [_flash_container(m, vol, flash)]
+        init = _flash_container(m, vol, flash)
+        init["imagePullPolicy"] = settings.image_pull_policy  # the FlexInfer image, as the chart pulls it
+        spec["initContainers"] = [init]
+    if settings.pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.pull_secrets]
     tolerations = [GPU_TOLERATION] if target.gpu else []
     tolerations += [t.to_k8s() for t in s.tolerations]
     if tolerations:

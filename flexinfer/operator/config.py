@@ -48,6 +48,10 @@ class OperatorSettings:
     bench_image: str = _f(DEFAULT_FLEXINFER_IMAGE, "FLEXINFER_BENCH_IMAGE", "Image of benchmark Jobs.")
     bench_service_account: str = _f("flexinfer-bench", "FLEXINFER_BENCH_SERVICE_ACCOUNT",
                                     "Service account of benchmark Jobs (writes ConfigMaps).")
+    image_pull_policy: str = _f("IfNotPresent", "FLEXINFER_IMAGE_PULL_POLICY",
+                                "Pull policy of the FlexInfer-image containers it creates (Jobs, flash-loader).")
+    image_pull_secrets: str = _f("", "FLEXINFER_IMAGE_PULL_SECRETS",
+                                 "Comma-separated imagePullSecrets of the Job and model pods it creates.")
     proxy_url: str = _f("http://flexinfer-proxy", "FLEXINFER_PROXY_URL", "Proxy base URL benchmark Jobs use.")
     hf_token_secret: str = _f("", "FLEXINFER_HF_TOKEN_SECRET",
                               "Secret with key HF_TOKEN mounted into prefetch Jobs (optional).")
@@ -76,12 +80,20 @@ class OperatorSettings:
             raise SettingsError("FLEXINFER_OPERATOR_API_RETRIES must not be negative")
         if self.resync_s <= 0:
             raise SettingsError("FLEXINFER_OPERATOR_RESYNC must be positive")
+        if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+            raise SettingsError("FLEXINFER_IMAGE_PULL_POLICY must be Always, IfNotPresent or Never, "
+                                f"got {self.image_pull_policy!r}")
 
     @property
     def windows(self) -> Windows:
         """The shared-GPU leader choice windows."""
         return Windows(demand=self.demand_window_s, recent=self.recent_window_s,
                        min_cooldown=self.min_swap_cooldown_s)
+
+    @property
+    def pull_secrets(self) -> tuple[str, ...]:
+        """``FLEXINFER_IMAGE_PULL_SECRETS`` as names."""
+        return tuple(p.strip() for p in self.image_pull_secrets.split(",") if p.strip())
 
     @property
     def flash_excludes(self) -> tuple[str, ...]:

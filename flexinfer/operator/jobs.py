@@ -104,7 +104,7 @@ def job(name: str, namespace: str, *, obj_labels: Mapping[str, str], pod_labels:
         owner: Mapping[str, Any] | None, annotations: Mapping[str, str], container: Mapping[str, Any],
         volumes: Sequence[Mapping[str, Any]], backoff: int, node_selector: Mapping[str, str] | None = None,
         ttl: int | None = None, service_account: str | None = None,
-        security_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        pull_secrets: Sequence[str] = (), security_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A batch/v1 Job that runs ``container`` once (restartPolicy Never)."""
     pod: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": service_account is not None,
                            "tolerations": [dict(GPU_TOLERATION)], "containers": [dict(container)]}
@@ -116,6 +116,8 @@ def job(name: str, namespace: str, *, obj_labels: Mapping[str, str], pod_labels:
         pod["nodeSelector"] = dict(node_selector)
     if service_account:
         pod["serviceAccountName"] = service_account
+    if pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
     spec: dict[str, Any] = {"backoffLimit": backoff,
                             "template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod}}
     if ttl is not None:
@@ -170,7 +172,7 @@ def prefetch_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings)
         env.append(_secret_env("HF_TOKEN", settings.hf_token_secret))
     git = is_mlc_source(repo)
     container = {"name": PREFETCH, "image": settings.git_image if git else settings.prefetch_image,
-                 "imagePullPolicy": "IfNotPresent", "command": ["/bin/sh", "-c", _GIT_SCRIPT if git else _HF_SCRIPT],
+                 "imagePullPolicy": settings.image_pull_policy, "command": ["/bin/sh", "-c", _GIT_SCRIPT if git else _HF_SCRIPT],
                  "env": env, "volumeMounts": [{"name": "cache", "mountPath": MODELS_DIR}],
                  "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "8Gi"}}}
     obj, pod = _cache_labels(m, PREFETCH)
@@ -178,7 +180,8 @@ def prefetch_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings)
     return job(cache_job_name(m, PREFETCH), m.namespace, obj_labels=obj, pod_labels=pod, owner=owner,
                annotations=cache_annotations(m, PREFETCH, pvc, dest), container=container,
                volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": pvc}}], backoff=3,
-               node_selector=m.spec.node_selector, security_context=None if git else HF_SECURITY_CONTEXT)
+               node_selector=m.spec.node_selector, pull_secrets=settings.pull_secrets,
+               security_context=None if git else HF_SECURITY_CONTEXT)
 
 
 def cache_annotations(m: Model, kind: str, pvc: str, dest: str) -> dict[str, str]:
@@ -198,7 +201,7 @@ def copy_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings) -> 
               f"mkdir -p {shlex.quote(dest)}\ncp -a {shlex.quote(from_dir)}/. {shlex.quote(dest)}/\n"
               f"touch {shlex.quote(marker)}\n")
     pvc = cache_pvc_name(m)
-    container = {"name": COPY, "image": settings.copy_image, "imagePullPolicy": "IfNotPresent",
+    container = {"name": COPY, "image": settings.copy_image, "imagePullPolicy": settings.image_pull_policy,
                  "command": ["/bin/sh", "-c", script],
                  "volumeMounts": [{"name": "source", "mountPath": "/src", "readOnly": True},
                                   {"name": "cache", "mountPath": MODELS_DIR}]}
@@ -207,7 +210,7 @@ def copy_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings) -> 
                annotations=cache_annotations(m, COPY, pvc, dest), container=container,
                volumes=[{"name": "source", "persistentVolumeClaim": {"claimName": src.pvc_claim, "readOnly": True}},
                         {"name": "cache", "persistentVolumeClaim": {"claimName": pvc}}],
-               backoff=1, node_selector=m.spec.node_selector)
+               backoff=1, node_selector=m.spec.node_selector, pull_secrets=settings.pull_secrets)
 
 
 def check_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings) -> dict[str, Any]:
@@ -217,7 +220,7 @@ def check_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings) ->
     q = shlex.quote(path)
     script = (f'if [ -d {q} ] && [ -n "$(ls -A {q})" ]; then echo found; exit 0; fi\n'
               f"echo 'missing or empty: {path}' >&2; exit 1\n")
-    container = {"name": CHECK, "image": settings.check_image, "imagePullPolicy": "IfNotPresent",
+    container = {"name": CHECK, "image": settings.check_image, "imagePullPolicy": settings.image_pull_policy,
                  "command": ["/bin/sh", "-c", script],
                  "volumeMounts": [{"name": "source", "mountPath": MODELS_DIR, "readOnly": True}]}
     obj, pod = _cache_labels(m, CHECK)
@@ -226,20 +229,20 @@ def check_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings) ->
     return job(cache_job_name(m, CHECK), m.namespace, obj_labels=obj, pod_labels=pod, owner=owner, annotations=ann,
                container=container,
                volumes=[{"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
-               backoff=0, node_selector=m.spec.node_selector)
+               backoff=0, node_selector=m.spec.node_selector, pull_secrets=settings.pull_secrets)
 
 
 def tmpfs_cleanup_job(m: Model, settings: OperatorSettings) -> dict[str, Any]:
     """``<n>-tmpfs-cleanup``: removes the shared Model's tmpfs directory; no owner (outlives the Model)."""
     target = f"/shm/{m.namespace}/{m.name}"
-    container = {"name": "cleanup", "image": settings.cleanup_image, "imagePullPolicy": "IfNotPresent",
+    container = {"name": "cleanup", "image": settings.cleanup_image, "imagePullPolicy": settings.image_pull_policy,
                  "command": ["/bin/sh", "-c", f"rm -rf {shlex.quote(target)}"],
                  "volumeMounts": [{"name": "shm", "mountPath": "/shm"}]}
     lbls = {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.MODEL: m.name, labels.APP_COMPONENT: "tmpfs-cleanup"}
     return job(child_name(m.name, "tmpfs-cleanup"), m.namespace, obj_labels=lbls, pod_labels=lbls, owner=None,
                annotations={}, container=container,
                volumes=[{"name": "shm", "hostPath": {"path": FLASH_SHM_ROOT, "type": "DirectoryOrCreate"}}],
-               backoff=1, node_selector=m.spec.node_selector, ttl=120)
+               backoff=1, node_selector=m.spec.node_selector, ttl=120, pull_secrets=settings.pull_secrets)
 
 
 def job_phase(j: Mapping[str, Any] | None) -> str:
@@ -277,13 +280,14 @@ def benchmark_job(name: str, namespace: str, *, backend: str, obj_labels: Mappin
             "--configmap", f"{name}{labels.BENCHMARK_CONFIGMAP_SUFFIX}", "--namespace", namespace,
             "--backend", backend, "--warmup", str(warmup), "--iterations", str(iterations),
             "--min-duration", f"{min_duration_s:g}", "--max-tokens", str(max_tokens), "--no-progress"]
-    container = {"name": "benchmark", "image": settings.bench_image, "imagePullPolicy": "IfNotPresent",
+    container = {"name": "benchmark", "image": settings.bench_image, "imagePullPolicy": settings.image_pull_policy,
                  "command": ["flexinfer"], "args": args,
                  "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}}
     lbls = {**obj_labels, labels.APP_COMPONENT: "benchmark"}
     pod = {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.APP_COMPONENT: "benchmark"}
     return job(child_name(name, "benchmark"), namespace, obj_labels=lbls, pod_labels=pod, owner=owner,
-               annotations={}, container=container, volumes=[], backoff=3, service_account=settings.bench_service_account)
+               annotations={}, container=container, volumes=[], backoff=3, service_account=settings.bench_service_account,
+               pull_secrets=settings.pull_secrets)
 
 
 def modelcache_prefetch_job(name: str, namespace: str, *, source: str, claim: str, dest: str,
@@ -304,7 +308,7 @@ def modelcache_prefetch_job(name: str, namespace: str, *, source: str, claim: st
         image, script = settings.git_image, _GIT_SCRIPT
     else:
         image, script, security = settings.prefetch_image, _HF_SCRIPT, HF_SECURITY_CONTEXT
-    container = {"name": PREFETCH, "image": image, "imagePullPolicy": "IfNotPresent",
+    container = {"name": PREFETCH, "image": image, "imagePullPolicy": settings.image_pull_policy,
                  "command": ["/bin/sh", "-c", script], "env": env,
                  "volumeMounts": [{"name": "cache", "mountPath": MODELS_DIR}],
                  "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "8Gi"}}}
@@ -313,4 +317,4 @@ def modelcache_prefetch_job(name: str, namespace: str, *, source: str, claim: st
     return job(child_name(name, "prefetch"), namespace, obj_labels=obj_labels, pod_labels=pod, owner=owner,
                annotations=ann, container=container,
                volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": claim}}], backoff=3,
-               node_selector=node_selector, security_context=security)
+               node_selector=node_selector, pull_secrets=settings.pull_secrets, security_context=security)

@@ -23,12 +23,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="watch only this namespace (repeatable; glob patterns allowed); default: all namespaces")
     a("--peering", metavar="NAME", help="run with kopf peering NAME (one active operator among replicas); "
                                         "default: standalone")
+    a("--priority", type=_priority, metavar="N|random",
+      help="kopf peering priority (the highest live one is active; equal ones all pause, so identical "
+           "replicas pass 'random'); default 0")
     a("--liveness", default="http://0.0.0.0:8081/healthz", metavar="URL",
       help="liveness endpoint served by kopf (empty: none); default %(default)s")
     a("--kubeconfig", help="kubeconfig outside a cluster (default: $KUBECONFIG, then ~/.kube/config)")
     a("--resync", type=float, help="seconds between reconciles of an unchanged object (FLEXINFER_OPERATOR_RESYNC)")
     a("--workers", type=int, help="concurrent reconciles per kind (FLEXINFER_OPERATOR_WORKERS)")
     a("--request-timeout", type=float, help="seconds per API request (FLEXINFER_OPERATOR_REQUEST_TIMEOUT)")
+
+
+def _priority(raw: str) -> int:
+    """``--priority``: an integer, or ``random`` (a fresh 1..2**31-1 per process, so replicas differ)."""
+    if raw == "random":
+        import secrets
+
+        return 1 + secrets.randbelow(2**31 - 1)
+    try:
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'random', got {raw!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +69,6 @@ def run(args: argparse.Namespace) -> int:
     registry = build_registry(op, kubeconfig=args.kubeconfig)
     namespaces = list(args.namespace or [])
     kopf.run(registry=registry, clusterwide=not namespaces, namespaces=namespaces,
-             standalone=args.peering is None, peering_name=args.peering,
+             standalone=args.peering is None, peering_name=args.peering, priority=args.priority,
              liveness_endpoint=args.liveness or None)
     return 0

@@ -17,11 +17,12 @@ import collections
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 from flexinfer import errors
-from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.http.protocol import ResponseWriter
 from flexinfer.http.responses import sse_comment
+from flexinfer.proxy.context import RequestContext
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.runtime.base import Inventory, ModelView, Scaler
 from flexinfer.settings import ProxySettings
@@ -48,7 +49,7 @@ class _ModelQueue:
         return max(0.0, expected - (now - self.wake_started))
 
 
-def is_ready(view: ModelView | None) -> bool:
+def is_ready(view: ModelView | None) -> TypeGuard[ModelView]:
     return view is not None and view.ready and bool(view.endpoints)
 
 
@@ -63,6 +64,11 @@ class Activator:
         self.metrics = metrics
         self.queues: dict[str, _ModelQueue] = {}
         inventory.subscribe(self._on_change)
+
+    def queue_depth(self, model: str) -> int:
+        """Requests waiting for ``model`` now."""
+        q = self.queues.get(model)
+        return len(q.waiters) if q is not None else 0
 
     # -- readiness events --------------------------------------------------------------------------
     def _on_change(self, view: ModelView) -> None:
@@ -101,12 +107,12 @@ class Activator:
             self.metrics.queue_depth.labels(view.name).set(0)
 
     # -- one request -------------------------------------------------------------------------------
-    async def wait_ready(self, view: ModelView, req: Request, resp: ResponseWriter,
+    async def wait_ready(self, view: ModelView, ctx: RequestContext, resp: ResponseWriter,
                          data: dict[str, Any] | None) -> ModelView:
         name = view.name
         current = self.inventory.resolve(name)
         if is_ready(current):
-            return current  # type: ignore[return-value]
+            return current
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = _ModelQueue()
@@ -126,7 +132,7 @@ class Activator:
         t0 = time.monotonic()
         stream = data is not None and data.get("stream") is True
         try:
-            await self._wait(fut, q, name, t0 + timeout, resp if stream else None, req.ctx)
+            await self._wait(fut, q, name, t0 + timeout, resp if stream else None, ctx)
             return fut.result()
         except TimeoutError:
             self.metrics.activations.labels(name, "timeout").inc()
@@ -148,7 +154,7 @@ class Activator:
             self.metrics.queue_wait.labels(name).observe(time.monotonic() - t0)
 
     async def _wait(self, fut: asyncio.Future[ModelView], q: _ModelQueue, name: str, deadline: float,
-                    stream_resp: ResponseWriter | None, ctx: Any = None) -> None:
+                    stream_resp: ResponseWriter | None, ctx: RequestContext) -> None:
         s = self.settings
         next_comment = time.monotonic() + s.queue_keepalive_after
         while True:
@@ -162,8 +168,7 @@ class Activator:
             if stream_resp is not None and time.monotonic() >= next_comment:
                 if not stream_resp.started:
                     stream_resp.start(200, SSE_HEADERS)
-                    if ctx is not None:
-                        ctx.sse_open = True
+                    ctx.sse_open = True
                 pos = next((i + 1 for i, w in enumerate(q.waiters) if w is fut), 0)
                 eta = q.eta(time.monotonic())
                 eta_s = f"~{math.ceil(eta)}s" if eta is not None else "~?s"

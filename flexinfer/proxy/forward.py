@@ -18,6 +18,7 @@ from flexinfer import errors
 from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamError, UpstreamResponse
 from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
 from flexinfer.http.responses import sse_event
+from flexinfer.proxy.context import RequestContext
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.routing import Router
 from flexinfer.runtime.base import Endpoint, ModelView
@@ -127,7 +128,7 @@ class Forwarder:
         resp.end()
         self.metrics.count(view.name, up.status)
 
-    async def forward(self, req: Request, resp: ResponseWriter, ctx: Any, view: ModelView,
+    async def forward(self, req: Request, resp: ResponseWriter, ctx: RequestContext, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
         metrics = self.metrics
         stats = metrics.model(view.name)

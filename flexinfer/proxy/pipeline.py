@@ -10,12 +10,10 @@ model, and hands the request to :mod:`flexinfer.proxy.forward`. It knows the run
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import re
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -23,9 +21,11 @@ from flexinfer import errors
 from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.http.server import HTTPServer
 from flexinfer.proxy import extract
 from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
+from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
 from flexinfer.proxy.forward import Forwarder, sse_error
 from flexinfer.proxy.limits import Limiter
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -40,45 +40,16 @@ JSON = [(b"content-type", b"application/json")]
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}\Z")
 _HEALTH_BODY = b'{"status":"ok"}'
 _CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
-_ROUTE_FORWARD, _ROUTE_CONTROL, _ROUTE_ADMIN = 0, 1, 2
 
 
-_rid_prefix = b""
-_rid_counter = itertools.count()
+class AdminRoutes(Protocol):
+    """Extra routes served next to the OpenAI API (the local runtime's ``/running``, ``/logs``, ...)."""
 
+    def match(self, path: str) -> bool:
+        """Whether ``path`` (normalized) is one of these routes; called for every request."""
+        ...
 
-def _reseed_request_ids() -> None:
-    """A fresh random prefix per process (forked workers included) and a counter after it."""
-    global _rid_prefix, _rid_counter
-    _rid_prefix = os.urandom(8).hex().encode()
-    _rid_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
-
-
-_reseed_request_ids()
-os.register_at_fork(after_in_child=_reseed_request_ids)
-
-
-def new_request_id() -> bytes:
-    """32 hex characters, unique without a syscall per request (request ids need not be secret)."""
-    return b"%s%016x" % (_rid_prefix, next(_rid_counter))
-
-
-class RequestContext:
-    """What on_headers learned about a request, handed to handle()."""
-
-    __slots__ = ("authenticated", "extra_headers", "model_name", "path", "request_id", "route", "source", "sse_open",
-                 "t0")
-
-    def __init__(self, t0: float, request_id: bytes, path: str) -> None:
-        self.t0 = t0
-        self.request_id = request_id
-        self.path = path  # normalized; for a forwarded request the upstream path (``/model/<n>`` stripped)
-        self.route = _ROUTE_FORWARD  # control endpoint, admin route, or forwarded to a model
-        self.model_name: str | None = None
-        self.source = ""
-        self.authenticated = False
-        self.sse_open = False  # an SSE response was started while waiting for the model
-        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response head
+    async def handle(self, req: Request, resp: ResponseWriter) -> None: ...
 
 
 class ProxyHandler:
@@ -86,8 +57,9 @@ class ProxyHandler:
 
     def __init__(self, inventory: Inventory, settings: ProxySettings, *, pools: Pools | None = None,
                  metrics: ProxyMetrics | None = None, router: Router | None = None,
-                 limiter: Any = None, activator: Any = None, scaler: Scaler | None = None,
-                 admin: Any = None) -> None:
+                 limiter: Limiter | None = None, activator: Activator | None = None,
+                 scaler: Scaler | None = None, admin: AdminRoutes | None = None,
+                 request_ids: RequestIds = REQUEST_IDS) -> None:
         self.inventory = inventory
         self.settings = settings
         self.metrics = metrics or ProxyMetrics()
@@ -103,11 +75,12 @@ class ProxyHandler:
         tokens = settings.tokens() if settings.auth_enabled else ()
         self.auth: BearerAuth | None = BearerAuth(tokens) if settings.auth_enabled else None
         self.forwarder = Forwarder(self.pools, self.router, self.metrics, settings)
-        self.admin = admin  # extra routes (the local runtime's /running, /logs, ...): match(path), handle()
-        self.server: Any = None
+        self.admin = admin  # extra routes (the local runtime's /running, /logs, ...)
+        self.new_request_id = request_ids.new
+        self.server: HTTPServer | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
-    def attach(self, server: Any) -> None:
+    def attach(self, server: HTTPServer) -> None:
         self.server = server
         self.metrics.bind_server_stats(lambda: server.stats)
 
@@ -119,7 +92,7 @@ class ProxyHandler:
     def on_headers(self, req: Request) -> FlexInferError | None:
         rid = req.get(b"x-request-id")
         if rid is None or not _REQUEST_ID_RE.match(rid):
-            rid = new_request_id()
+            rid = self.new_request_id()
         ctx = RequestContext(time.perf_counter(), rid, req.path)
         req.ctx = ctx
         try:
@@ -128,12 +101,12 @@ class ProxyHandler:
         except FlexInferError as exc:
             return exc
         if path in _CONTROL or path.startswith("/v1/models/"):
-            ctx.route = _ROUTE_CONTROL
+            ctx.route = ROUTE_CONTROL
             if path in ("/v1/models",) or path.startswith("/v1/models/"):
                 return self._authenticate(req, ctx)
             return None
         if self.admin is not None and self.admin.match(path):
-            ctx.route = _ROUTE_ADMIN
+            ctx.route = ROUTE_ADMIN
             return self._authenticate(req, ctx)
         try:
             err = self._authenticate(req, ctx)
@@ -171,10 +144,10 @@ class ProxyHandler:
     # -- phase 2: the whole request --------------------------------------------------------------
     async def handle(self, req: Request, resp: ResponseWriter) -> None:
         ctx: RequestContext = req.ctx  # type: ignore[assignment]
-        if ctx.route == _ROUTE_CONTROL:
+        if ctx.route == ROUTE_CONTROL:
             self._control(req, resp, ctx)
             return
-        if ctx.route == _ROUTE_ADMIN:
+        if ctx.route == ROUTE_ADMIN:
             assert self.admin is not None
             await self.admin.handle(req, resp)
             return
@@ -219,7 +192,7 @@ class ProxyHandler:
             # parent's replicas, rewrite_model False) the adapter name the client routed by
             target = view.upstream_model if view.rewrite_model else name
             if not view.ready or not view.endpoints:
-                view = await self._activate(view, req, resp, data)
+                view = await self._activate(view, ctx, resp, data)
             body = req.body
             clamped = None
             if data is not None and view.context_window and self.settings.max_tokens_clamp:
@@ -243,12 +216,11 @@ class ProxyHandler:
             if not resp.finished:
                 resp.abort()
 
-    async def _activate(self, view: ModelView, req: Request, resp: ResponseWriter,
+    async def _activate(self, view: ModelView, ctx: RequestContext, resp: ResponseWriter,
                         data: dict[str, Any] | None) -> ModelView:
         if self.activator is None:
             raise errors.ServiceUnavailable(f"model {view.name!r} has no ready replica")
-        result: ModelView = await self.activator.wait_ready(view, req, resp, data)
-        return result
+        return await self.activator.wait_ready(view, ctx, resp, data)
 
     def _error(self, resp: ResponseWriter, ctx: RequestContext, exc: FlexInferError, model: str) -> None:
         self.metrics.count(model, exc.status)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import html
 import time
-from collections.abc import Callable
 from urllib.parse import parse_qs
 
 import orjson
 
 from flexinfer import errors
 from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
+from flexinfer.runtime.base import NO_LOAD, LoadView
 from flexinfer.runtime.local import LocalRuntime
 
 JSON = [(b"content-type", b"application/json")]
@@ -26,9 +26,12 @@ JSON = [(b"content-type", b"application/json")]
 class LocalAdmin:
     """Routes ``/``, ``/running``, ``/unload[/<m>]``, ``/logs/<m>``."""
 
-    def __init__(self, runtime: LocalRuntime, queue_depth: Callable[[str], int] = lambda m: 0) -> None:
+    def __init__(self, runtime: LocalRuntime, load: LoadView = NO_LOAD) -> None:
         self.runtime = runtime
-        self.queue_depth = queue_depth
+        self.load = load
+
+    def queue_depth(self, model: str) -> int:
+        return self.load.queue_depth(model) or 0
 
     @staticmethod
     def match(path: str) -> bool:

@@ -1,7 +1,8 @@
 """The runtime interface: what the proxy may know about where models live.
 
 The proxy talks only to :class:`Inventory` (model name -> :class:`ModelView`) and :class:`Scaler`
-(wake a model, record demand). Implementations: ``static`` (a YAML file of fixed backends),
+(wake a model, record demand). In the other direction a runtime reads the proxy's load through a
+:class:`LoadView`, handed to it at construction by the composition root (``flexinfer.cmd``). Implementations: ``static`` (a YAML file of fixed backends),
 ``local`` (processes on this machine) and ``kube`` (custom resources watched in a cluster).
 Nothing here does I/O; views are immutable snapshots swapped atomically when anything changes.
 """
@@ -101,6 +102,33 @@ class Scaler(Protocol):
     def record_demand(self, model: ModelView) -> None:
         """A request for ``model`` was seen now (cheap; called on every request)."""
         ...
+
+
+class LoadView(Protocol):
+    """The proxy's load as a runtime reads it (idle checks, drains, demand heartbeats, group queues)."""
+
+    def in_flight(self, endpoint: str) -> int:
+        """Requests open to the replica ``endpoint`` (an :attr:`Endpoint.key`, ``host:port``)."""
+        ...
+
+    def queue_depth(self, model: str) -> int | None:
+        """Requests waiting for ``model`` (a view name) to wake; None when not known."""
+        ...
+
+
+class NoLoad:
+    """The :class:`LoadView` of a runtime with no proxy in front: nothing open, queue depth unknown."""
+
+    __slots__ = ()
+
+    def in_flight(self, endpoint: str) -> int:
+        return 0
+
+    def queue_depth(self, model: str) -> int | None:
+        return None
+
+
+NO_LOAD: LoadView = NoLoad()
 
 
 class InventorySnapshot:

@@ -1,6 +1,6 @@
 """The ``kube`` runtime: models are custom resources in a cluster; the proxy watches and signals demand.
 
-Owns, for ``flexinfer proxy --kube``:
+Owns, for the ``proxy --kube`` command:
 
 - the **inventory**: resumable watches (:mod:`flexinfer.k8s.reflector`) of Model (v1alpha2),
   ModelDeployment (v1alpha1), LoRAAdapter, GPUGroup, Services and EndpointSlices in the proxy's
@@ -17,7 +17,7 @@ Owns, for ``flexinfer proxy --kube``:
   ``flexinfer.ai/queue.<m>``/``queue-since.<m>`` annotations (depth kept current) and clears them
   once the member is active and ready (or nobody waits any more).
 
-Must not: be imported by ``flexinfer.proxy`` (only ``proxy/main.py`` wires it, lazily); call the API
+Must not: be imported by the proxy package (only ``cmd/proxy.py`` wires it, lazily); call the API
 on the request path (``record_demand`` is a few comparisons and maybe a task); poll for readiness.
 Authentication runs before ``record_demand``/``wake`` in the pipeline, so anonymous traffic wakes
 nothing.
@@ -49,7 +49,7 @@ from flexinfer.k8s.backoff import Backoff
 from flexinfer.k8s.client import new_api_client
 from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.k8s.reflector import ResourceWatch
-from flexinfer.runtime.base import ModelView
+from flexinfer.runtime.base import NO_LOAD, LoadView, ModelView
 from flexinfer.runtime.kubeviews import (
     EMPTY_INDEX,
     GPU_GROUP,
@@ -120,15 +120,14 @@ class KubeRuntime:
 
     def __init__(self, namespace: str, *, all_namespaces: bool = False, api_client: Any = None,
                  timings: KubeTimings = KubeTimings(), watch_nodes: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, load: LoadView = NO_LOAD) -> None:
         self.namespace = namespace
         self.all_namespaces = all_namespaces
         self.timings = timings
         self.watch_nodes = watch_nodes
         self.clock = clock
         self.state = ClusterState(namespace, all_namespaces)
-        self.in_flight: Callable[[str], int] = lambda key: 0  # wired to the router (endpoint key -> open)
-        self.queue_depth: Callable[[str], int | None] = lambda name: None  # wired to the activator
+        self.load = load  # the proxy's open requests per endpoint and queue depth per model
         self.watches: dict[str, ResourceWatch] = {}
         self._api = api_client
         self._own_api = api_client is None
@@ -312,7 +311,7 @@ class KubeRuntime:
             await asyncio.sleep(t.heartbeat_tick)
             now = self.clock()
             for name, view in self._index.views.items():
-                if not view.endpoints or not any(self.in_flight(e.key) > 0 for e in view.endpoints):
+                if not view.endpoints or not any(self.load.in_flight(e.key) > 0 for e in view.endpoints):
                     continue
                 d = self._demand.get(name)
                 if d is None:
@@ -363,7 +362,7 @@ class KubeRuntime:
         w = self._group_waits.get(view_name)
         if w is not None and w.task is not None and not w.task.done():
             return  # already queued; the wait keeps the depth current
-        depth = max(1, self.queue_depth(view_name) or 1)
+        depth = max(1, self.load.queue_depth(view_name) or 1)
         since = format_time(datetime.now(tz=UTC))
         await self._patch(GPU_GROUP_KIND, group[0], group[1], {"metadata": {"annotations": {
             labels.queue_key(name): str(depth), labels.queue_since_key(name): since}}})
@@ -388,7 +387,7 @@ class KubeRuntime:
                 changed = self._changed
                 if self._active_and_ready(w):
                     break
-                depth = self.queue_depth(w.view_name)
+                depth = self.load.queue_depth(w.view_name)
                 if depth is not None and depth <= 0:
                     break
                 now = self.clock()

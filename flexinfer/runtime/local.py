@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase
+from flexinfer.runtime.base import NO_LOAD, Endpoint, LoadView, ModelView, StaticInventoryBase
 from flexinfer.runtime.localconfig import LocalModelSpec
 from flexinfer.sharing import Member, Windows, choose_leader
 
@@ -89,14 +89,15 @@ class LocalRuntime(StaticInventoryBase):
 
     def __init__(self, specs: list[LocalModelSpec], *, windows: Windows = Windows(),
                  drain_timeout: float = 30.0, restart_backoff: tuple[float, float] = (1.0, 30.0),
-                 reap_interval: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 reap_interval: float = 1.0, clock: Callable[[], float] = time.time,
+                 load: LoadView = NO_LOAD) -> None:
         self.procs: dict[str, _State] = {s.name: _State(s) for s in specs}
         self.windows = windows
         self.drain_timeout = drain_timeout
         self.restart_backoff = restart_backoff
         self.reap_interval = reap_interval
         self.clock = clock
-        self.in_flight: Callable[[str], int] = lambda key: 0  # wired to the proxy's router
+        self.load = load  # the proxy's open requests per endpoint: drains and idle checks wait for 0
         self._group_locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
         super().__init__([self._view(st) for st in self.procs.values()])
@@ -169,7 +170,7 @@ class LocalRuntime(StaticInventoryBase):
     async def _drain_and_stop(self, st: _State, preempted: bool) -> None:
         key = f"127.0.0.1:{st.port}"
         end = time.monotonic() + self.drain_timeout
-        while self.in_flight(key) > 0 and time.monotonic() < end:
+        while self.load.in_flight(key) > 0 and time.monotonic() < end:
             await asyncio.sleep(0.05)
         if preempted:
             st.preempted_at = self.clock()
@@ -315,7 +316,7 @@ class LocalRuntime(StaticInventoryBase):
                 if st.state != "ready" or ttl <= 0:
                     continue
                 idle_since = st.last_request if st.last_request is not None else now
-                if now - idle_since > ttl and self.in_flight(f"127.0.0.1:{st.port}") == 0:
+                if now - idle_since > ttl and self.load.in_flight(f"127.0.0.1:{st.port}") == 0:
                     log.info("%s idle for %.0fs: unloading", st.spec.name, now - idle_since)
                     await self.stop(st.spec.name)
 

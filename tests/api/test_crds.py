@@ -35,9 +35,24 @@ def test_crds_dir_matches_the_generator():
     assert d == "", "crds/ drifted from flexinfer/api: run `flexinfer crds`\n" + d
 
 
-def test_crds_dir_holds_exactly_the_nine_kinds():
-    assert sorted(p.name for p in CRDS.glob("*.yaml")) == sorted(k.filename for k in KINDS)
+def test_crds_dir_holds_exactly_the_nine_kinds_and_kopf_peering():
+    assert sorted(p.name for p in CRDS.glob("ai.flexinfer_*.yaml")) == sorted(k.filename for k in KINDS)
     assert len(KINDS) == 9
+    assert sorted(p.name for p in CRDS.glob("*.yaml")) == sorted(
+        [k.filename for k in KINDS] + list(generate.KOPF_PEERING_CRDS))
+    assert sorted(generate.KOPF_PEERING_CRDS) == ["kopf.dev_clusterkopfpeerings.yaml", "kopf.dev_kopfpeerings.yaml"]
+
+
+def test_kopf_peering_crds_are_what_kopf_documents():
+    for name, scope, kind in (("clusterkopfpeerings", "Cluster", "ClusterKopfPeering"),
+                              ("kopfpeerings", "Namespaced", "KopfPeering")):
+        doc = yaml.safe_load((CRDS / f"kopf.dev_{name}.yaml").read_text())
+        assert doc["metadata"]["name"] == f"{name}.kopf.dev"
+        assert doc["spec"]["scope"] == scope and doc["spec"]["names"]["kind"] == kind
+        (v,) = doc["spec"]["versions"]
+        assert v["name"] == "v1" and v["served"] and v["storage"]
+        status = v["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
 def _args(out: Path, check: bool) -> argparse.Namespace:
@@ -50,7 +65,7 @@ def test_cli_write_then_check(tmp_path, capsys):
     out = tmp_path / "crds"
     assert generate.run(_args(out, check=True)) == 1  # nothing there yet
     assert generate.run(_args(out, check=False)) == 0
-    assert len(list(out.glob("*.yaml"))) == 9
+    assert len(list(out.glob("*.yaml"))) == 9 + len(generate.KOPF_PEERING_CRDS)
     capsys.readouterr()
     assert generate.run(_args(out, check=True)) == 0
     # drift: an edited file and a stale generated file are both reported

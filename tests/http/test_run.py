@@ -126,3 +126,6 @@ def test_run_workers_reuseport_and_sigterm_drain(workers: int) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

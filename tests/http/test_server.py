@@ -459,6 +459,7 @@ async def test_write_backpressure_bounds_transport_buffer() -> None:
         total = 0
         while chunk := await reader.read(1 << 20):
             total += len(chunk)
+        writer.close()
         assert total > 8 * 1024 * 1024
         assert state["max"] <= 64 * 1024 + 65536
 
@@ -484,6 +485,8 @@ async def test_drain_lets_stream_finish_and_refuses_new_connections() -> None:
         rest = await asyncio.wait_for(reader.read(), 3.0)
         assert b"data: 9\n\n" in rest and rest.endswith(b"0\r\n\r\n")
         await asyncio.wait_for(drain, 3.0)
+        idle_w.close()
+        writer.close()
         assert server.connections == 0
         assert handler.disconnects == 0
 
@@ -507,6 +510,8 @@ async def test_drain_timeout_aborts_streams_and_new_requests_get_503() -> None:
         await asyncio.wait_for(drain, 3.0)
         assert 0.35 <= time.monotonic() - t0 < 3.0
         tail = await asyncio.wait_for(reader.read(), 1.0)
+        writer.close()
+        half_w.close()
         assert not tail.endswith(b"0\r\n\r\n")
         assert handler.disconnects == 1
 

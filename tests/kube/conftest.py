@@ -21,8 +21,8 @@ import openai
 import pytest_asyncio
 import yaml
 
+from flexinfer.cmd.proxy import build_kube
 from flexinfer.http.server import HTTPServer
-from flexinfer.proxy.main import build_kube
 from flexinfer.runtime.kube import KubeRuntime, KubeTimings
 from flexinfer.settings import ProxySettings, with_changes
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401  (the `kube` fixture)

@@ -50,6 +50,13 @@ def test_kopf_settings() -> None:
     assert settings.posting.enabled is False
 
 
+def _status(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return int(r.status)
+
+
 async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     """``flexinfer operator`` as a process: it reconciles a Model and serves its liveness probe."""
     import asyncio
@@ -57,7 +64,6 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     import socket
     import subprocess
     import sys
-    import urllib.request
 
     from tests.operator.harness import DEPLOYMENTS, MODELS, model, register_crds
 
@@ -83,7 +89,7 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
         code = 0
         for _ in range(20):
             try:
-                code = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).status)
+                code = await asyncio.to_thread(_status, url)
                 break
             except OSError:
                 await asyncio.sleep(0.2)
@@ -91,3 +97,35 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     finally:
         proc.terminate()
         assert await asyncio.to_thread(proc.wait, 20) == 0
+
+
+def test_priority_flag() -> None:
+    p = argparse.ArgumentParser()
+    main.configure(p)
+    assert p.parse_args([]).priority is None
+    assert p.parse_args(["--priority", "7"]).priority == 7
+    randoms = {p.parse_args(["--peering", "x", "--priority", "random"]).priority for _ in range(20)}
+    assert len(randoms) > 1 and all(0 < r < 2**31 for r in randoms)  # replicas differ: no all-pause tie
+    with pytest.raises(SystemExit):
+        p.parse_args(["--priority", "high"])
+
+
+def test_pull_settings_reach_the_pods_it_creates() -> None:
+    from flexinfer.operator.jobs import benchmark_job
+
+    s = load_settings({"FLEXINFER_IMAGE_PULL_POLICY": "Always", "FLEXINFER_IMAGE_PULL_SECRETS": "a, b"})
+    s.validate()
+    assert s.pull_secrets == ("a", "b")
+    j = benchmark_job("md", "ns", backend="vllm", obj_labels={}, owner={"apiVersion": "v1", "kind": "X",
+                      "metadata": {"name": "md", "uid": "u"}}, warmup=1, iterations=1, min_duration_s=1,
+                      max_tokens=8, node_selector=None, settings=s)
+    pod = j["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "a"}, {"name": "b"}]
+    assert pod["containers"][0]["imagePullPolicy"] == "Always"
+    default = benchmark_job("md", "ns", backend="vllm", obj_labels={}, owner={"apiVersion": "v1", "kind": "X",
+                            "metadata": {"name": "md", "uid": "u"}}, warmup=1, iterations=1, min_duration_s=1,
+                            max_tokens=8, node_selector=None, settings=load_settings({}))
+    assert "imagePullSecrets" not in default["spec"]["template"]["spec"]
+    assert default["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    with pytest.raises(SettingsError, match="FLEXINFER_IMAGE_PULL_POLICY"):
+        load_settings({"FLEXINFER_IMAGE_PULL_POLICY": "Sometimes"}).validate()

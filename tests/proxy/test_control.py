@@ -50,4 +50,5 @@ def test_control_paths_refuse_other_methods(proxy: Stack) -> None:
         raise AssertionError("expected 405")
     except urllib.error.HTTPError as e:
         assert e.code == 405
-        assert json.loads(e.read())["error"]["code"] == "method_not_allowed"
+        with e:
+            assert json.loads(e.read())["error"]["code"] == "method_not_allowed"

@@ -62,3 +62,5 @@ def test_sigterm_drains_streams_and_exits_zero(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if proxy.stderr is not None:
+            proxy.stderr.close()

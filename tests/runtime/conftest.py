@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from flexinfer.cmd.serve import build
 from flexinfer.http.server import HTTPServer
 from flexinfer.runtime.local import LocalRuntime
-from flexinfer.runtime.serve import build
 from flexinfer.settings import ProxySettings, with_changes
 from flexinfer.sharing import Windows
 from tests.harness import LoopThread

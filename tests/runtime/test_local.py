@@ -24,6 +24,11 @@ def client(st: LocalStack, **kw: object) -> openai.OpenAI:
     return openai.OpenAI(base_url=st.base_url, api_key="k", max_retries=0, **kw)  # type: ignore[arg-type]
 
 
+def fetch(url: str | urllib.request.Request, timeout: float = 5) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return bytes(r.read())
+
+
 def running(st: LocalStack) -> dict[str, dict]:  # type: ignore[type-arg]
     with urllib.request.urlopen(st.url + "/running", timeout=5) as r:
         return {row["model"]: row for row in json.loads(r.read())["running"]}
@@ -70,7 +75,7 @@ def test_cold_start_holds_then_serves(local: LocalStack) -> None:
     stream = client(local).chat.completions.create(model="m", messages=MSG, stream=True,  # type: ignore[arg-type]
                                                    extra_headers={"x-stub-chunks": "3"})
     assert [c.choices[0].delta.content for c in stream if c.choices] == ["", "tok0 ", "tok1 ", "tok2 ", None]
-    text = urllib.request.urlopen(local.url + "/metrics", timeout=5).read().decode()
+    text = fetch(local.url + "/metrics").decode()
     assert 'flexinfer_proxy_activations_total{model="m",result="success"} 1.0' in text
     assert "flexinfer_proxy_queue_wait_seconds_bucket" in text
 
@@ -264,15 +269,16 @@ def test_admin_endpoints(local: LocalStack) -> None:
             command: {stub_cmd()}
     """)
     client(local).chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
-    logs = urllib.request.urlopen(local.url + "/logs/m", timeout=5).read().decode()
+    logs = fetch(local.url + "/logs/m").decode()
     assert "[flexinfer] starting m" in logs and "stub engine on" in logs
-    page = urllib.request.urlopen(local.url + "/", timeout=5).read().decode()
+    page = fetch(local.url + "/").decode()
     assert "<table>" in page and "<td>m</td>" in page and "ready" in page
     pid = running(local)["m"]["pid"]
     req = urllib.request.Request(local.url + "/unload/m", method="POST", data=b"")
-    assert json.loads(urllib.request.urlopen(req, timeout=10).read()) == {"unloaded": ["m"]}
+    assert json.loads(fetch(req, timeout=10)) == {"unloaded": ["m"]}
     assert wait_for(lambda: not alive(pid), 5)
     req = urllib.request.Request(local.url + "/unload/nope", method="POST", data=b"")
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=5)
+    ei.value.close()
     assert ei.value.code == 404

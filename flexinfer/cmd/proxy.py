@@ -1,8 +1,8 @@
 """``flexinfer proxy``: run the OpenAI-compatible proxy in front of a static inventory file, or, with
 ``--kube``, in front of the models of a Kubernetes namespace (``POD_NAMESPACE``; ``--all-namespaces``).
 
-(The local runtime is ``flexinfer serve``.) This module only wires parts together; it is the one
-place of ``flexinfer.proxy`` allowed to know ``flexinfer.runtime.kube``, and imports it lazily.
+(The local runtime is ``flexinfer serve``.) This module only wires parts together (a composition
+root, see :mod:`flexinfer.cmd`); it imports the inventories, and ``flexinfer.runtime.kube`` lazily.
 """
 
 from __future__ import annotations
@@ -11,9 +11,14 @@ import argparse
 import gc
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexinfer.settings import ProxySettings, SettingsError, load_proxy_settings
+
+if TYPE_CHECKING:
+    from flexinfer.http.server import HTTPServer
+    from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.kube import KubeRuntime, KubeTimings
 
 log = logging.getLogger("flexinfer.proxy")
 
@@ -30,23 +35,19 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def build_kube(settings: ProxySettings, *, all_namespaces: bool = False, api_client: Any = None,
-               timings: Any = None) -> tuple[Any, Any]:
-    """(KubeRuntime, ProxyHandler) wired together (router in-flight counts for the demand heartbeat,
-    activator queue depths for GPUGroup queues). Call ``await runtime.start()`` in the serving loop."""
+               timings: KubeTimings | None = None) -> tuple[KubeRuntime, ProxyHandler]:
+    """(KubeRuntime, ProxyHandler) wired together: the runtime reads the handler's load through a
+    :class:`ProxyLoad` (router in-flight counts for the demand heartbeat, activator queue depths for
+    GPUGroup queues). Call ``await runtime.start()`` in the serving loop."""
+    from flexinfer.cmd.load import ProxyLoad
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.kube import KubeRuntime, KubeTimings
 
+    load = ProxyLoad()
     runtime = KubeRuntime(settings.namespace, all_namespaces=all_namespaces, api_client=api_client,
-                          timings=timings or KubeTimings())
+                          timings=timings or KubeTimings(), load=load)
     handler = ProxyHandler(runtime, settings, scaler=runtime)
-    router, activator = handler.router, handler.activator
-    runtime.in_flight = lambda key: router.in_flight.get(key, 0)
-
-    def depth(model: str) -> int | None:
-        q = activator.queues.get(model) if activator is not None else None
-        return len(q.waiters) if q is not None else 0
-
-    runtime.queue_depth = depth
+    load.bind(handler)
     return runtime, handler
 
 
@@ -100,17 +101,17 @@ def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any
     if settings.workers > 1:
         log.warning("--kube with %d workers: each worker watches the API and signals demand on its own",
                     settings.workers)
-    runtimes: list[Any] = []
+    runtimes: list[KubeRuntime] = []
 
-    def make_handler() -> Any:  # one runtime per worker process, started in its loop
+    def make_handler() -> ProxyHandler:  # one runtime per worker process, started in its loop
         runtime, handler = build_kube(settings, all_namespaces=args.all_namespaces)
         runtimes.append(runtime)
         return handler
 
-    async def on_start(_server: Any) -> None:
+    async def on_start(_server: HTTPServer) -> None:
         await runtimes[-1].start()
 
-    async def on_stop(_server: Any) -> None:
+    async def on_stop(_server: HTTPServer) -> None:
         await runtimes[-1].stop()
 
     scope = "all namespaces" if args.all_namespaces else f"namespace {settings.namespace}"

@@ -10,8 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-from flexinfer.settings import SettingsError, load_proxy_settings
+from flexinfer.settings import ProxySettings, SettingsError, load_proxy_settings
+
+if TYPE_CHECKING:
+    from flexinfer.http.server import HTTPServer
+    from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.local import LocalRuntime
 
 log = logging.getLogger("flexinfer.serve")
 
@@ -22,23 +28,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
 
 
-def build(config: str, settings: object) -> tuple[object, object]:
-    """(runtime, handler) wired together; used by ``run`` and by tests."""
+def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHandler]:
+    """(runtime, handler) wired together; used by ``run`` and by tests. The runtime reads the
+    handler's load (router in-flight counts, activator queue depths) through a :class:`ProxyLoad`."""
+    from flexinfer.cmd.load import ProxyLoad
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.admin import LocalAdmin
     from flexinfer.runtime.local import LocalRuntime
     from flexinfer.runtime.localconfig import load_local_config
 
-    runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout)  # type: ignore[attr-defined]
-    handler = ProxyHandler(runtime, settings, scaler=runtime)  # type: ignore[arg-type]
-    activator = handler.activator
-
-    def depth(model: str) -> int:
-        q = activator.queues.get(model) if activator is not None else None
-        return len(q.waiters) if q is not None else 0
-
-    handler.admin = LocalAdmin(runtime, depth)
-    runtime.in_flight = lambda key: handler.router.in_flight.get(key, 0)
+    load = ProxyLoad()
+    runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
+    handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load))
+    load.bind(handler)
     return runtime, handler
 
 
@@ -53,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, InventoryConfigError) as exc:
         print(f"flexinfer serve: {exc}", file=sys.stderr)
         return 2
-    names = ", ".join(runtime.procs)  # type: ignore[attr-defined]
+    names = ", ".join(runtime.procs)
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
-    async def on_stop(_server: object) -> None:
-        await runtime.stop_all()  # type: ignore[attr-defined]
+    async def on_stop(_server: HTTPServer) -> None:
+        await runtime.stop_all()
 
-    return serve_http(lambda: handler, settings.http, host=settings.host,  # type: ignore[arg-type, return-value]
-                      port=settings.port, workers=1, on_stop=on_stop)
+    return serve_http(lambda: handler, settings.http, host=settings.host, port=settings.port, workers=1,
+                      on_stop=on_stop)

@@ -1,0 +1,56 @@
+"""What the pipeline learns about one request, and the request ids it makes.
+
+:class:`RequestContext` is made by ``ProxyHandler.on_headers`` and read by the pipeline, the
+activator and the forwarder (its own module so that they share it without importing each other).
+:class:`RequestIds` makes the ids of requests that came without a usable ``X-Request-ID``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+ROUTE_FORWARD, ROUTE_CONTROL, ROUTE_ADMIN = 0, 1, 2
+
+
+class RequestContext:
+    """What on_headers learned about a request, handed to handle()."""
+
+    __slots__ = ("authenticated", "extra_headers", "model_name", "path", "request_id", "route", "source", "sse_open",
+                 "t0")
+
+    def __init__(self, t0: float, request_id: bytes, path: str) -> None:
+        self.t0 = t0
+        self.request_id = request_id
+        self.path = path  # normalized; for a forwarded request the upstream path (``/model/<n>`` stripped)
+        self.route = ROUTE_FORWARD  # control endpoint, admin route, or forwarded to a model
+        self.model_name: str | None = None
+        self.source = ""
+        self.authenticated = False
+        self.sse_open = False  # an SSE response was started while waiting for the model
+        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response head
+
+
+class RequestIds:
+    """32 hex characters, unique without a syscall per request (request ids need not be secret): a
+    random prefix per process and a counter after it. :data:`REQUEST_IDS` is the process's one
+    instance, re-seeded in every forked child so that workers never share ids."""
+
+    __slots__ = ("_format", "_next")
+
+    def __init__(self) -> None:
+        self._format = b""
+        self._next = itertools.count().__next__
+        self.reseed()
+
+    def reseed(self) -> None:
+        """A fresh random prefix and counter start (forked workers included)."""
+        self._format = os.urandom(8).hex().encode() + b"%016x"  # the prefix is hex: no other % in it
+        self._next = itertools.count(int.from_bytes(os.urandom(4), "big")).__next__
+
+    def new(self) -> bytes:
+        return self._format % self._next()
+
+
+REQUEST_IDS = RequestIds()
+os.register_at_fork(after_in_child=REQUEST_IDS.reseed)
