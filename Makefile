@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test bench lint ext clean venv wrk llama
+.PHONY: run test bench lint ext clean venv wrk llama image image-tools image-bases test-image
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,3 +63,58 @@ lint: venv
 
 clean:
 	rm -rf build flexinfer/_speedups/*.c flexinfer/_speedups/*.so
+
+# ---- the container image (Containerfile): Debian bases from mmdebstrap, built by buildah, no registry ----
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' flexinfer/__init__.py)
+IMAGE ?= ghcr.io/flexinfer/flexinfer:$(VERSION)
+IMAGE_DEV ?= localhost/flexinfer:dev
+IMAGE_CACHE ?= $(HOME)/.cache/flexinfer/image
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+DEBIAN_SECURITY ?= http://deb.debian.org/debian-security
+# The CA bundle pip inside the build trusts (the host's: it holds any TLS-intercepting proxy's CA).
+PIP_CA ?= /etc/ssl/certs/ca-certificates.crt
+BASE_IMAGE := localhost/flexinfer-base:bookworm
+BUILDER_IMAGE := localhost/flexinfer-builder-base:bookworm
+BASE_PKGS := python3,ca-certificates
+BUILDER_PKGS := $(BASE_PKGS),python3-venv,python3-dev,gcc,libc6-dev
+MMDEBSTRAP := mmdebstrap --quiet --variant=minbase --format=tar --aptopt='APT::Install-Recommends "false"' \
+	--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+	--dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+	--customize-hook='rm -rf "$$1"/var/lib/apt/lists/* "$$1"/var/cache/apt/*' bookworm
+MIRRORS := "deb $(DEBIAN_MIRROR) bookworm main" "deb $(DEBIAN_MIRROR) bookworm-updates main" \
+	"deb $(DEBIAN_SECURITY) bookworm-security main"
+
+image-tools:
+	@command -v mmdebstrap >/dev/null && command -v buildah >/dev/null && command -v podman >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap buildah podman >/dev/null; }
+
+# The root filesystems are cached outside the repository; delete $(IMAGE_CACHE) to rebuild them.
+$(IMAGE_CACHE)/bookworm-base.tar: | image-tools
+	mkdir -p $(IMAGE_CACHE)
+	$(MMDEBSTRAP) --include=$(BASE_PKGS) $@.tmp $(MIRRORS) </dev/null
+	mv $@.tmp $@
+
+$(IMAGE_CACHE)/bookworm-builder.tar: | image-tools
+	mkdir -p $(IMAGE_CACHE)
+	$(MMDEBSTRAP) --include=$(BUILDER_PKGS) $@.tmp $(MIRRORS) </dev/null
+	mv $@.tmp $@
+
+# Imported once per tarball (again when the image is missing from the store or the tarball is newer).
+image-bases: $(IMAGE_CACHE)/bookworm-base.tar $(IMAGE_CACHE)/bookworm-builder.tar
+	@set -e; for pair in $(BASE_IMAGE)=bookworm-base $(BUILDER_IMAGE)=bookworm-builder; do \
+	  img=$${pair%%=*}; tar=$(IMAGE_CACHE)/$${pair#*=}.tar; stamp=$$tar.imported; \
+	  if ! podman image exists $$img || [ $$tar -nt $$stamp ]; then \
+	    echo "importing $$tar as $$img"; \
+	    podman import -q --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+	      --change 'CMD ["/bin/sh"]' $$tar $$img >/dev/null; touch $$stamp; fi; done
+
+image: image-bases
+	buildah bud --isolation chroot --pull=never --layers --format oci -f Containerfile \
+	  --secret id=pipca,src=$(PIP_CA) --build-arg VERSION=$(VERSION) \
+	  --build-arg RUNTIME_BASE=$(BASE_IMAGE) --build-arg BUILDER_BASE=$(BUILDER_IMAGE) \
+	  -t $(IMAGE) -t $(IMAGE_DEV) .
+	@buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' $(IMAGE_DEV)
+
+# Runs the image with `buildah run --isolation chroot` (podman run needs setrlimit, not every VM allows it).
+test-image: image | $(VENV)/.installed
+	FLEXINFER_IMAGE_TESTS=1 FLEXINFER_IMAGE=$(IMAGE_DEV) $(PY) -m pytest -q -p no:cacheprovider -m image tests/image $(PYTEST_ARGS)

@@ -25,8 +25,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """``flexinfer 0.1.0 (speedups: c)``: the release and which speedups import (c, py or mixed)."""
+    root = importlib.import_module("flexinfer")  # by name, like the commands (R4: cli imports nothing of ours)
+    return f"flexinfer {root.__version__} (speedups: {root.__speedups__})"
+
+
+class _Version(argparse.Action):
+    """``--version``, computed only when asked (it imports the speedups)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(version())
+        parser.exit()
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexinfer", description="FlexInfer: LLM inference platform.")
+    parser.add_argument("--version", action=_Version)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if a in COMMANDS), None)

@@ -19,7 +19,7 @@ from flexinfer.settings import SettingsError, from_env
 from flexinfer.settings import setting as _f
 from flexinfer.sharing import Windows
 
-#: the FlexInfer image (flash-loader init container, benchmark Job)
+#: the FlexInfer image (flash-loader init container, benchmark and Hugging Face prefetch Jobs)
 DEFAULT_FLEXINFER_IMAGE = f"ghcr.io/flexinfer/flexinfer:{__version__}"
 
 
@@ -55,7 +55,8 @@ class OperatorSettings:
     proxy_url: str = _f("http://flexinfer-proxy", "FLEXINFER_PROXY_URL", "Proxy base URL benchmark Jobs use.")
     hf_token_secret: str = _f("", "FLEXINFER_HF_TOKEN_SECRET",
                               "Secret with key HF_TOKEN mounted into prefetch Jobs (optional).")
-    prefetch_image: str = _f("python:3.10-slim", "FLEXINFER_PREFETCH_IMAGE", "Image of HF prefetch Jobs.")
+    prefetch_image: str = _f(DEFAULT_FLEXINFER_IMAGE, "FLEXINFER_PREFETCH_IMAGE",
+                             "Image of HF prefetch Jobs (the FlexInfer image: huggingface_hub is in it).")
     git_image: str = _f("debian:bookworm-slim", "FLEXINFER_GIT_PREFETCH_IMAGE", "Image of git-lfs prefetch Jobs.")
     oras_image: str = _f("ghcr.io/oras-project/oras:v1.2.0", "FLEXINFER_ORAS_IMAGE", "Image of OCI prefetch Jobs.")
     copy_image: str = _f("alpine:3.20", "FLEXINFER_CACHE_COPY_IMAGE", "Image of pvc:// copy Jobs.")

@@ -2,8 +2,9 @@
 
 Owns (``shared/reference/flexinfer-upstream.md`` §2.2–2.3, §2.6):
 
-- ``<n>-cache-prefetch``: Hugging Face ``snapshot_download`` (python image) or ``git lfs clone`` for
-  MLC repositories, into ``/models/<n>`` on the cache PVC, marker ``.flexinfer_cached``; allow/ignore
+- ``<n>-cache-prefetch``: Hugging Face ``snapshot_download`` (the FlexInfer image, which holds
+  ``huggingface_hub``: nothing is installed at run time; non-root, ``fsGroup`` makes the cache PVC
+  writable) or ``git lfs clone`` for MLC repositories, into ``/models/<n>`` on the cache PVC, marker ``.flexinfer_cached``; allow/ignore
   patterns, revision and an optional VAE repository from ``spec.config``; backoff 3;
 - ``<n>-cache-copy``: ``cp -a`` of a ``pvc://`` source into the cache PVC, marker
   ``.flexinfer_cached_<sha256(source)>``, backoff 1; ``<n>-cache-check``: fails when the path in the
@@ -42,10 +43,13 @@ from flexinfer.operator.config import OperatorSettings
 
 MARKER = ".flexinfer_cached"
 PREFETCH, COPY, CHECK = "prefetch", "copy", "check"
+#: the FlexInfer image's user (Containerfile); fsGroup lets it write the cache PVC
+IMAGE_UID = 65532
+HF_SECURITY_CONTEXT: Mapping[str, Any] = {"runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "runAsNonRoot": True,
+                                          "fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"}
 
 _HF_SCRIPT = """set -e
 if [ -f "$DEST/.flexinfer_cached" ]; then echo "already cached in $DEST"; exit 0; fi
-pip install --quiet --no-cache-dir --disable-pip-version-check huggingface_hub
 python - <<'PY'
 import json, os
 from huggingface_hub import snapshot_download
@@ -100,10 +104,12 @@ def job(name: str, namespace: str, *, obj_labels: Mapping[str, str], pod_labels:
         owner: Mapping[str, Any] | None, annotations: Mapping[str, str], container: Mapping[str, Any],
         volumes: Sequence[Mapping[str, Any]], backoff: int, node_selector: Mapping[str, str] | None = None,
         ttl: int | None = None, service_account: str | None = None,
-        pull_secrets: Sequence[str] = ()) -> dict[str, Any]:
+        pull_secrets: Sequence[str] = (), security_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A batch/v1 Job that runs ``container`` once (restartPolicy Never)."""
     pod: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": service_account is not None,
                            "tolerations": [dict(GPU_TOLERATION)], "containers": [dict(container)]}
+    if security_context:
+        pod["securityContext"] = dict(security_context)
     if volumes:
         pod["volumes"] = [dict(v) for v in volumes]
     if node_selector:
@@ -174,7 +180,8 @@ def prefetch_job(m: Model, owner: Mapping[str, Any], settings: OperatorSettings)
     return job(cache_job_name(m, PREFETCH), m.namespace, obj_labels=obj, pod_labels=pod, owner=owner,
                annotations=cache_annotations(m, PREFETCH, pvc, dest), container=container,
                volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": pvc}}], backoff=3,
-               node_selector=m.spec.node_selector, pull_secrets=settings.pull_secrets)
+               node_selector=m.spec.node_selector, pull_secrets=settings.pull_secrets,
+               security_context=None if git else HF_SECURITY_CONTEXT)
 
 
 def cache_annotations(m: Model, kind: str, pvc: str, dest: str) -> dict[str, str]:
@@ -294,12 +301,13 @@ def modelcache_prefetch_job(name: str, namespace: str, *, source: str, claim: st
                                       "HF_HOME": f"{MODELS_DIR}/.cache/huggingface"})
     if secret:
         env.append(_secret_env("HF_TOKEN", secret))
+    security: Mapping[str, Any] | None = None
     if scheme in ("oci", "oras"):
         image, script = settings.oras_image, _ORAS_SCRIPT
     elif scheme == "mlc" or is_mlc_source(ref):
         image, script = settings.git_image, _GIT_SCRIPT
     else:
-        image, script = settings.prefetch_image, _HF_SCRIPT
+        image, script, security = settings.prefetch_image, _HF_SCRIPT, HF_SECURITY_CONTEXT
     container = {"name": PREFETCH, "image": image, "imagePullPolicy": settings.image_pull_policy,
                  "command": ["/bin/sh", "-c", script], "env": env,
                  "volumeMounts": [{"name": "cache", "mountPath": MODELS_DIR}],
@@ -309,4 +317,4 @@ def modelcache_prefetch_job(name: str, namespace: str, *, source: str, claim: st
     return job(child_name(name, "prefetch"), namespace, obj_labels=obj_labels, pod_labels=pod, owner=owner,
                annotations=ann, container=container,
                volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": claim}}], backoff=3,
-               node_selector=node_selector, pull_secrets=settings.pull_secrets)
+               node_selector=node_selector, pull_secrets=settings.pull_secrets, security_context=security)

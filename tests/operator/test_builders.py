@@ -12,7 +12,7 @@ import pytest
 from flexinfer import labels
 from flexinfer.api import Model, ModelDeployment
 from flexinfer.operator import builders, jobs
-from flexinfer.operator.config import OperatorSettings, load_settings
+from flexinfer.operator.config import DEFAULT_FLEXINFER_IMAGE, OperatorSettings, load_settings
 from flexinfer.operator.diff import strip_none
 from flexinfer.operator.model_logic import ModelInputs, plan_model
 from flexinfer.operator.modeldeployment import md_deployment, md_service
@@ -136,6 +136,7 @@ def test_cache_gating_prefetch() -> None:
     assert labels.APP_NAME not in pod_labels  # the Service must not route to the Job pod
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["HF_REPO"] == "meta/llama" and env["DEST"] == "/models/m" and env["HF_REVISION"] == "main"
+    assert_hf_prefetch_in_flexinfer_image(job)
     assert p.deployment["spec"]["replicas"] == 0 and p.status["phase"] == "Pending"
     assert container(p.deployment)["args"][container(p.deployment)["args"].index("--model") + 1] == "/models/m"
     done = {"m-cache-prefetch": {**job, "status": {"succeeded": 1}}}
@@ -150,6 +151,37 @@ def test_cache_gating_prefetch() -> None:
     mlc = plan(body(backend="mlc-llm", source="HF://mlc-ai/Q-MLC", gpu={"vendor": "nvidia"}), [gpu_node("n1")])
     mjob = next(o for _, o in mlc.create if o["kind"] == "Job")
     assert "git clone" in mjob["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "securityContext" not in mjob["spec"]["template"]["spec"]  # the git image installs git as root
+
+
+def assert_hf_prefetch_in_flexinfer_image(job: dict[str, Any]) -> None:
+    """The HF prefetch Job runs the FlexInfer image, whose huggingface_hub is installed: no pip at run time."""
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == DEFAULT_FLEXINFER_IMAGE
+    assert c["command"][:2] == ["/bin/sh", "-c"]
+    script = c["command"][2]
+    assert "pip" not in script and "from huggingface_hub import snapshot_download" in script
+    assert pod["securityContext"] == {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True,
+                                      "fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+def test_prefetch_image_setting() -> None:
+    settings = load_settings(env={"FLEXINFER_PREFETCH_IMAGE": "registry.local/flexinfer:1"})
+    assert settings.prefetch_image == "registry.local/flexinfer:1"
+    assert OperatorSettings().prefetch_image == OperatorSettings().flash_image == DEFAULT_FLEXINFER_IMAGE
+    m = Model.from_obj(body(backend="vllm", source="HF://meta/llama", gpu={"vendor": "nvidia"}))
+    job = jobs.prefetch_job(m, {}, settings)
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/flexinfer:1"
+    owner = {"apiVersion": "ai.flexinfer/v1alpha1", "kind": "ModelCache", "metadata": {"name": "qwen", "uid": "u"}}
+    mc = jobs.modelcache_prefetch_job("qwen", "default", source="huggingface://Qwen/Qwen3-8B", claim="qwen",
+                                      dest="/models/qwen", obj_labels={}, owner=owner, node_selector=None,
+                                      secret=None, settings=OperatorSettings())
+    assert_hf_prefetch_in_flexinfer_image(valid(mc))
+    oras = jobs.modelcache_prefetch_job("o", "default", source="oci://r/x:1", claim="o", dest="/models/o",
+                                        obj_labels={}, owner=owner, node_selector=None, secret=None,
+                                        settings=OperatorSettings())
+    assert "securityContext" not in oras["spec"]["template"]["spec"]
 
 
 def test_pvc_source_copy_and_check() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from flexinfer.operator.config import DEFAULT_FLEXINFER_IMAGE
 from tests.kube_emulator import KubeEnv
 from tests.operator.harness import (
     CACHES,
@@ -23,6 +24,9 @@ async def test_modelcache(kube: KubeEnv) -> None:
             == "40Gi"
         env_vars = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env_vars["HF_REPO"] == "Qwen/Qwen3-8B" and env_vars["DEST"] == "/models/qwen"
+        prefetch = job["spec"]["template"]["spec"]["containers"][0]  # the FlexInfer image: no pip at run time
+        assert prefetch["image"] == DEFAULT_FLEXINFER_IMAGE and "pip" not in prefetch["command"][2]
+        assert job["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
         await env.wait_for(lambda: phase(env, CACHES, "qwen") == "Provisioning")
         await env.patch(JOBS, "default", "qwen-prefetch", {"status": {"succeeded": 1}}, sub="status")
         await env.wait_for(lambda: phase(env, CACHES, "qwen") == "Ready")
