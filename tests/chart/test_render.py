@@ -285,6 +285,8 @@ def test_operator_jobs_carry_the_charts_image_account_and_pull_settings(
     (c,) = pod["containers"]
     assert c["image"] == f"{REGISTRY}/flexinfer/flexinfer:1.2.3-rc1" and c["imagePullPolicy"] == "Always"
     assert f"http://flexinfer-proxy.{NAMESPACE}.svc.cluster.local:80/v1" in c["args"]
+    # Hugging Face prefetch Jobs run the FlexInfer image too: huggingface_hub is in it, no pip at run time
+    assert s.prefetch_image == f"{REGISTRY}/flexinfer/flexinfer:1.2.3-rc1"
 
 
 def test_bench_url_rule_matches_the_chart_service(rendered: dict[str, list[dict[str, Any]]]) -> None:
