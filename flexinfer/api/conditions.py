@@ -115,7 +115,7 @@ class ConditionSet:
 
     __slots__ = ("gen", "items", "now")
 
-    def __init__(self, observed: Iterable[Any] | None, generation: int, now: datetime) -> None:
+    def __init__(self, observed: Iterable[Any] | None, generation: int | None, now: datetime) -> None:
         self.items = parse_conditions(observed)
         self.gen = generation
         self.now = now
