@@ -4,10 +4,15 @@ Every error knows its HTTP status, its OpenAI error ``type`` and ``code``, and w
 retry can help (``x-should-retry``). The proxy renders them in the OpenAI shape
 ``{"error": {"message", "type", "param", "code"}}`` so the official ``openai`` client raises the
 matching exception class. This module knows nothing about HTTP framing or models.
+
+Also here, for the one-shot commands (``flexinfer flash-load``, ``flexinfer bench``):
+:func:`report_failure`, the one-line message on stderr and exit status 1 for any failure.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import ClassVar
 
 import orjson
@@ -186,3 +191,23 @@ class VersionNotSupported(FlexInferError):
     type = "invalid_request_error"
     code = "http_version_not_supported"
     should_retry = False
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+def report_failure(prog: str, exc: Exception, expected: tuple[type[BaseException], ...],
+                   logger: logging.Logger) -> int:
+    """Print ``<prog>: error: <one line>`` on stderr and return the exit status 1.
+
+    An ``expected`` error shows its own message; an ``OSError`` its strerror (and file name);
+    anything else its type and message, with the traceback logged at debug level only.
+    """
+    if isinstance(exc, expected):
+        message = str(exc)
+    elif isinstance(exc, OSError):
+        message = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    else:
+        logger.debug("%s failed", prog, exc_info=exc)
+        message = f"{type(exc).__name__}: {exc}"
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 1

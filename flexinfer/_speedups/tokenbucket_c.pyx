@@ -69,6 +69,12 @@ cdef inline double _now(object clock, bint fast) except? -1.0:
         return t
     return clock()
 
+# ``now`` if given, else the clock
+cdef inline double _at(object now, object clock, bint fast) except? -1.0:
+    if now is None:
+        return _now(clock, fast)
+    return now
+
 cdef object _ZERO = 0.0  # the "admitted" answer, shared
 cdef object _INF = float("inf")
 
@@ -89,6 +95,21 @@ cdef inline double _refilled(double tokens, double last, double rate, double bur
         if tokens > burst:
             tokens = burst
     return tokens
+
+
+# ``take`` on one bucket's state (``tokens``, ``last``), updated in place (see tokenbucket_py's spec)
+cdef inline object _take(double* tokens, double* last, double rate, double burst, double n, double t):
+    cdef double have = _refilled(tokens[0], last[0], rate, burst, t)
+    if t > last[0]:
+        last[0] = t
+    if have >= n - rate * _GRACE:
+        have = have - n
+        tokens[0] = have if have > 0.0 else 0.0
+        return _ZERO
+    tokens[0] = have
+    if n > burst or rate == 0.0:
+        return _INF
+    return (n - have) / rate
 
 
 @cython.final
@@ -129,36 +150,13 @@ cdef class TokenBucket:
 
     def take(self, double n=1.0, now=None):
         """Take ``n`` tokens: 0.0 when admitted, else the seconds to wait (nothing taken)."""
-        cdef double t
-        cdef double tokens = self._tokens
         if not n >= 0.0:
             raise ValueError("n must be >= 0")
-        if now is None:
-            t = _now(self._clock, self._fast)
-        else:
-            t = now
-        if t > self._last:
-            tokens = tokens + (t - self._last) * self._rate
-            if tokens > self._burst:
-                tokens = self._burst
-            self._last = t
-        if tokens >= n - self._rate * _GRACE:
-            tokens = tokens - n
-            self._tokens = tokens if tokens > 0.0 else 0.0
-            return _ZERO
-        self._tokens = tokens
-        if n > self._burst or self._rate == 0.0:
-            return _INF
-        return (n - tokens) / self._rate
+        return _take(&self._tokens, &self._last, self._rate, self._burst, n, _at(now, self._clock, self._fast))
 
     def available(self, now=None) -> float:
         """Tokens that would be available at ``now``; changes nothing."""
-        cdef double t
-        if now is None:
-            t = _now(self._clock, self._fast)
-        else:
-            t = now
-        return _refilled(self._tokens, self._last, self._rate, self._burst, t)
+        return _refilled(self._tokens, self._last, self._rate, self._burst, _at(now, self._clock, self._fast))
 
 
 @cython.final
@@ -296,15 +294,11 @@ cdef class BucketRegistry:
     def take(self, key, double n=1.0, now=None):
         """``TokenBucket.take`` on ``key``'s bucket (created full when new)."""
         cdef double t
-        cdef double tokens
         cdef _Entry e
         cdef PyObject* item
         if not n >= 0.0:
             raise ValueError("n must be >= 0")
-        if now is None:
-            t = _now(self._clock, self._fast)
-        else:
-            t = now
+        t = _at(now, self._clock, self._fast)
         item = PyDict_GetItemWithError(self._map, key)
         if item == NULL:
             self._make_room(t)
@@ -319,30 +313,12 @@ cdef class BucketRegistry:
             if item != self._tail:
                 self._unlink(e)
                 self._append(e)
-        tokens = e.tokens
-        if t > e.last:
-            tokens = tokens + (t - e.last) * self._rate
-            if tokens > self._burst:
-                tokens = self._burst
-            e.last = t
-        if tokens >= n - self._rate * _GRACE:
-            tokens = tokens - n
-            e.tokens = tokens if tokens > 0.0 else 0.0
-            return _ZERO
-        e.tokens = tokens
-        if n > self._burst or self._rate == 0.0:
-            return _INF
-        return (n - tokens) / self._rate
+        return _take(&e.tokens, &e.last, self._rate, self._burst, n, t)
 
     def available(self, key, now=None) -> float:
         """Tokens ``key`` would have at ``now`` (burst for an unknown key); changes nothing."""
-        cdef double t
-        cdef PyObject* item
-        if now is None:
-            t = _now(self._clock, self._fast)
-        else:
-            t = now
-        item = PyDict_GetItemWithError(self._map, key)
+        cdef double t = _at(now, self._clock, self._fast)
+        cdef PyObject* item = PyDict_GetItemWithError(self._map, key)
         if item == NULL:
             return self._burst
         return _refilled((<_Entry>item).tokens, (<_Entry>item).last, self._rate, self._burst, t)

@@ -122,9 +122,8 @@ class Discovery:
         self.cpuinfo = Path(cpuinfo) if cpuinfo is not None else self.root / "proc" / "cpuinfo"
         self.amd_min_discrete_mb = amd_min_discrete_mb
         self._nvml = nvml
-        self._nvml_ready = False
         self._amdsmi = amdsmi
-        self._amdsmi_ready = False
+        self._ready: set[str] = set()  # the libraries initialised ("nvml", "amdsmi")
         self.once = once or OnceLog()
         self.sources: dict[str, bool] = {"nvml": False, "amdsmi": False, "sysfs": False}
 
@@ -151,6 +150,26 @@ class Discovery:
         return (g.vendor == VENDOR_AMD and g.vram_total_mb is not None
                 and g.vram_total_mb < self.amd_min_discrete_mb)
 
+    # -- NVML and amdsmi ------------------------------------------------------------------------------
+
+    def _library_gpus(self, source: str, err: tuple[type[BaseException], ...],
+                      scan: Callable[[], list[GPU]]) -> list[GPU] | None:
+        """``scan()`` (NVML's or amdsmi's), or None when it fails: logged once, and the library is
+        initialised again next time."""
+        try:
+            out = scan()
+        except err as exc:
+            self._ready.discard(source)
+            self.once.failed(source, f"{type(exc).__name__}: {exc}")
+            return None
+        except Exception as exc:  # a broken binding must not stop the agent
+            self._ready.discard(source)
+            self.once.failed(source, f"unexpected {type(exc).__name__}: {exc}", logging.WARNING)
+            return None
+        self.once.ok(source)
+        self.sources[source] = True
+        return out
+
     # -- NVML -----------------------------------------------------------------------------------------
 
     def _nvml_module(self) -> Any:
@@ -171,40 +190,32 @@ class Discovery:
         if nvml is None:
             return None
         err: tuple[type[BaseException], ...] = (nvml.NVMLError,)
-        try:
-            if not self._nvml_ready:
-                nvml.nvmlInit()
-                self._nvml_ready = True
-            count = int(nvml.nvmlDeviceGetCount())
-            out = []
-            for i in range(count):
-                h = nvml.nvmlDeviceGetHandleByIndex(i)
-                raw_name = _safe(err, nvml.nvmlDeviceGetName, h)
-                name = _text(raw_name) if raw_name else f"NVIDIA GPU {i}"
-                mem = _safe(err, nvml.nvmlDeviceGetMemoryInfo, h)
-                util = _safe(err, nvml.nvmlDeviceGetUtilizationRates, h)
-                cc = _safe(err, nvml.nvmlDeviceGetCudaComputeCapability, h)
-                temp = _safe(err, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
-                major, minor = (int(cc[0]), int(cc[1])) if cc else (None, None)
-                out.append(GPU(
-                    vendor=VENDOR_NVIDIA, index=i, name=name.strip(),
-                    arch=f"sm_{major}{minor}" if major is not None else None,
-                    vram_total_mb=int(mem.total) // MiB if mem is not None else None,
-                    vram_used_mb=int(mem.used) // MiB if mem is not None else None,
-                    util_pct=float(util.gpu) if util is not None else None,
-                    int4=major is not None and major >= 8,
-                    temperature_c=float(temp) if temp is not None else None,
-                    source="nvml"))
-        except nvml.NVMLError as exc:
-            self._nvml_ready = False
-            self.once.failed("nvml", f"{type(exc).__name__}: {exc}")
-            return None
-        except Exception as exc:  # a broken binding must not stop the agent
-            self._nvml_ready = False
-            self.once.failed("nvml", f"unexpected {type(exc).__name__}: {exc}", logging.WARNING)
-            return None
-        self.once.ok("nvml")
-        self.sources["nvml"] = True
+        return self._library_gpus("nvml", err, lambda: self._nvml_scan(nvml, err))
+
+    def _nvml_scan(self, nvml: Any, err: tuple[type[BaseException], ...]) -> list[GPU]:
+        if "nvml" not in self._ready:
+            nvml.nvmlInit()
+            self._ready.add("nvml")
+        count = int(nvml.nvmlDeviceGetCount())
+        out = []
+        for i in range(count):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            raw_name = _safe(err, nvml.nvmlDeviceGetName, h)
+            name = _text(raw_name) if raw_name else f"NVIDIA GPU {i}"
+            mem = _safe(err, nvml.nvmlDeviceGetMemoryInfo, h)
+            util = _safe(err, nvml.nvmlDeviceGetUtilizationRates, h)
+            cc = _safe(err, nvml.nvmlDeviceGetCudaComputeCapability, h)
+            temp = _safe(err, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+            major, minor = (int(cc[0]), int(cc[1])) if cc else (None, None)
+            out.append(GPU(
+                vendor=VENDOR_NVIDIA, index=i, name=name.strip(),
+                arch=f"sm_{major}{minor}" if major is not None else None,
+                vram_total_mb=int(mem.total) // MiB if mem is not None else None,
+                vram_used_mb=int(mem.used) // MiB if mem is not None else None,
+                util_pct=float(util.gpu) if util is not None else None,
+                int4=major is not None and major >= 8,
+                temperature_c=float(temp) if temp is not None else None,
+                source="nvml"))
         return out
 
     # -- amdsmi ---------------------------------------------------------------------------------------
@@ -226,40 +237,32 @@ class Discovery:
         base = getattr(smi, "AmdSmiException", None)
         err: tuple[type[BaseException], ...] = (base,) if isinstance(base, type) else ()
         err += (OSError, KeyError, ValueError, TypeError)
-        try:
-            if not self._amdsmi_ready:
-                flags = getattr(getattr(smi, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
-                if flags is not None:
-                    smi.amdsmi_init(flags)
-                else:
-                    smi.amdsmi_init()
-                self._amdsmi_ready = True
-            handles = list(smi.amdsmi_get_processor_handles())
-            vram_type = getattr(getattr(smi, "AmdSmiMemoryType", None), "VRAM", None)
-            out = []
-            for i, h in enumerate(handles):
-                asic = _safe(err, smi.amdsmi_get_gpu_asic_info, h) or {}
-                total = _safe(err, smi.amdsmi_get_gpu_memory_total, h, vram_type)
-                used = _safe(err, smi.amdsmi_get_gpu_memory_usage, h, vram_type)
-                act = _safe(err, smi.amdsmi_get_gpu_activity, h) or {}
-                temp = _safe(err, self._amd_temp, smi, h)
-                out.append(GPU(
-                    vendor=VENDOR_AMD, index=i,
-                    name=str(asic.get("market_name") or f"AMD GPU {i}").strip(),
-                    arch=_normalise_gfx(asic.get("target_graphics_version")),
-                    vram_total_mb=_mb(total), vram_used_mb=_mb(used),
-                    util_pct=_num(act.get("gfx_activity")) if isinstance(act, dict) else None,
-                    int4=True, temperature_c=_num(temp), source="amdsmi"))
-        except err as exc:
-            self._amdsmi_ready = False
-            self.once.failed("amdsmi", f"{type(exc).__name__}: {exc}")
-            return None
-        except Exception as exc:  # a broken binding must not stop the agent
-            self._amdsmi_ready = False
-            self.once.failed("amdsmi", f"unexpected {type(exc).__name__}: {exc}", logging.WARNING)
-            return None
-        self.once.ok("amdsmi")
-        self.sources["amdsmi"] = True
+        return self._library_gpus("amdsmi", err, lambda: self._amdsmi_scan(smi, err))
+
+    def _amdsmi_scan(self, smi: Any, err: tuple[type[BaseException], ...]) -> list[GPU]:
+        if "amdsmi" not in self._ready:
+            flags = getattr(getattr(smi, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
+            if flags is not None:
+                smi.amdsmi_init(flags)
+            else:
+                smi.amdsmi_init()
+            self._ready.add("amdsmi")
+        handles = list(smi.amdsmi_get_processor_handles())
+        vram_type = getattr(getattr(smi, "AmdSmiMemoryType", None), "VRAM", None)
+        out = []
+        for i, h in enumerate(handles):
+            asic = _safe(err, smi.amdsmi_get_gpu_asic_info, h) or {}
+            total = _safe(err, smi.amdsmi_get_gpu_memory_total, h, vram_type)
+            used = _safe(err, smi.amdsmi_get_gpu_memory_usage, h, vram_type)
+            act = _safe(err, smi.amdsmi_get_gpu_activity, h) or {}
+            temp = _safe(err, self._amd_temp, smi, h)
+            out.append(GPU(
+                vendor=VENDOR_AMD, index=i,
+                name=str(asic.get("market_name") or f"AMD GPU {i}").strip(),
+                arch=_normalise_gfx(asic.get("target_graphics_version")),
+                vram_total_mb=_mb(total), vram_used_mb=_mb(used),
+                util_pct=_num(act.get("gfx_activity")) if isinstance(act, dict) else None,
+                int4=True, temperature_c=_num(temp), source="amdsmi"))
         return out
 
     @staticmethod
@@ -370,13 +373,13 @@ class Discovery:
 
     def close(self) -> None:
         """Release NVML / amdsmi handles."""
-        if self._nvml_ready and self._nvml not in (None, _UNSET):
+        if "nvml" in self._ready and self._nvml not in (None, _UNSET):
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-        if self._amdsmi_ready and self._amdsmi not in (None, _UNSET):
+        if "amdsmi" in self._ready and self._amdsmi not in (None, _UNSET):
             with contextlib.suppress(Exception):
                 self._amdsmi.amdsmi_shut_down()
-        self._nvml_ready = self._amdsmi_ready = False
+        self._ready.clear()
 
 
 def _num(v: Any) -> float | None:

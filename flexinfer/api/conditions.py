@@ -107,3 +107,22 @@ def set_condition(conditions: Sequence[Condition], new: Condition, now: datetime
 def conditions_to_list(conditions: Iterable[Condition]) -> list[dict[str, Any]]:
     """The JSON form for a status patch."""
     return [c.to_dict() for c in conditions]
+
+
+class ConditionSet:
+    """``status.conditions`` being rewritten by one reconcile: parsed from the observed list, each
+    :meth:`set` stamped with the object's generation and ``now`` (see :func:`set_condition`)."""
+
+    __slots__ = ("gen", "items", "now")
+
+    def __init__(self, observed: Iterable[Any] | None, generation: int | None, now: datetime) -> None:
+        self.items = parse_conditions(observed)
+        self.gen = generation
+        self.now = now
+
+    def set(self, type_: str, status: ConditionStatus, reason: str, message: str) -> None:
+        self.items = set_condition(self.items, Condition(type_, status, reason, message, None, self.gen), self.now)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """The JSON form for a status patch."""
+        return conditions_to_list(self.items)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -94,29 +94,15 @@ def read_config(config: Mapping[str, Any], key: str, kind: ConfigKind) -> Any:
                 return False
         raise ConfigError(key, f"expected a boolean (true/false/1/0), got {raw!r}")
     if kind is ConfigKind.INT:
-        if isinstance(raw, bool):
-            raise ConfigError(key, "expected an integer, got a boolean")
-        if isinstance(raw, int):
+        if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
         if isinstance(raw, float) and raw.is_integer():
             return int(raw)
-        if isinstance(raw, str):
-            try:
-                return int(raw.strip())
-            except ValueError:
-                pass
-        raise ConfigError(key, f"expected an integer, got {raw!r}")
+        return _read_number(key, raw, int, "an integer")
     if kind is ConfigKind.FLOAT:
-        if isinstance(raw, bool):
-            raise ConfigError(key, "expected a number, got a boolean")
-        if isinstance(raw, int | float):
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
             return float(raw)
-        if isinstance(raw, str):
-            try:
-                return float(raw.strip())
-            except ValueError:
-                pass
-        raise ConfigError(key, f"expected a number, got {raw!r}")
+        return _read_number(key, raw, float, "a number")
     if kind is ConfigKind.JSON:
         if isinstance(raw, str):
             return raw
@@ -144,6 +130,18 @@ def read_config(config: Mapping[str, Any], key: str, kind: ConfigKind) -> Any:
                 raise ConfigError(f"{key}.{k}", "expected a scalar value")
         return out
     raise ConfigError(key, "expected an object of string values")
+
+
+def _read_number(key: str, raw: Any, parse: Callable[[str], Any], what: str) -> Any:
+    """The rest of a number knob: a numeric string parsed, else ``ConfigError`` (booleans named)."""
+    if isinstance(raw, bool):
+        raise ConfigError(key, f"expected {what}, got a boolean")
+    if isinstance(raw, str):
+        try:
+            return parse(raw.strip())
+        except ValueError:
+            pass
+    raise ConfigError(key, f"expected {what}, got {raw!r}")
 
 
 #: Knobs every backend understands (FlexInfer additions, not in the original).
@@ -282,11 +280,24 @@ def flag_args(config: Mapping[str, Any], table: Sequence[tuple[str, str, ConfigK
         if kind is ConfigKind.BOOL:
             if v:
                 out.append(flag)
-        elif isinstance(v, float):
-            out += [flag, format(v, "g")]
         else:
-            out += [flag, str(v)]
+            out += [flag, knob_text(v)]
     return out
+
+
+def env_values(config: Mapping[str, Any], table: Sequence[tuple[str, str, ConfigKind]]) -> dict[str, str]:
+    """Turn config knobs into environment variables: ``(key, variable, kind)``; booleans are ``1``/``0``."""
+    out: dict[str, str] = {}
+    for key, var, kind in table:
+        v = read_config(config, key, kind)
+        if v is not None:
+            out[var] = ("1" if v else "0") if kind is ConfigKind.BOOL else knob_text(v)
+    return out
+
+
+def knob_text(v: Any) -> str:
+    """A knob's value as a command line or environment wants it: floats ``%g``, the rest ``str``."""
+    return format(v, "g") if isinstance(v, float) else str(v)
 
 
 class Backend:

@@ -16,9 +16,9 @@ from flexinfer.backends.base import (
     ConfigKind,
     LaunchContext,
     Probe,
+    env_values,
     flag_args,
     http_probe,
-    read_config,
     source_model_id,
     tcp_probe,
 )
@@ -80,17 +80,7 @@ class Diffusers(Backend):
 
     def base_env(self, ctx: LaunchContext) -> dict[str, str]:
         out = {"MODEL_ID": source_model_id(ctx.source) or ctx.model_path, "MODEL": ctx.model_path,
-               "PORT": str(self.port)}
-        for key, var, kind in self._ENV_KNOBS:
-            v = read_config(ctx.config, key, kind)
-            if v is None:
-                continue
-            if kind is B:
-                out[var] = "1" if v else "0"
-            elif isinstance(v, float):
-                out[var] = format(v, "g")
-            else:
-                out[var] = str(v)
+               "PORT": str(self.port), **env_values(ctx.config, self._ENV_KNOBS)}
         if ctx.vendor == "amd" and ctx.arch == "gfx906":
             out.setdefault("PYTORCH_HIP_ALLOC_CONF", self.GFX906_HIP_ALLOC_CONF)
             out.setdefault("ENABLE_ATTENTION_SLICING", "1")

@@ -20,8 +20,10 @@ from flexinfer.backends.base import (
     ConfigKind,
     LaunchContext,
     Probe,
+    env_values,
     flag_args,
     http_probe,
+    knob_text,
     read_config,
 )
 from flexinfer.backends.images import ImageDefault, ImageTable
@@ -63,12 +65,7 @@ class Ollama(Backend):
         return ["serve"]
 
     def base_env(self, ctx: LaunchContext) -> dict[str, str]:
-        out = {"OLLAMA_HOST": "0.0.0.0"}
-        for key, var, kind in self._ENV_KNOBS:
-            v = read_config(ctx.config, key, kind)
-            if v is not None:
-                out[var] = ("1" if v else "0") if kind is B else str(v)
-        return out
+        return {"OLLAMA_HOST": "0.0.0.0", **env_values(ctx.config, self._ENV_KNOBS)}
 
 
 class VLLM(Backend):
@@ -107,14 +104,14 @@ class VLLM(Backend):
         ("limitMmPerPrompt", "--limit-mm-per-prompt", J),
         ("maxLoraRank", "--max-lora-rank", N),
     )
-    _ENV_KNOBS: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("hipVisibleDevices", "HIP_VISIBLE_DEVICES"),
-        ("attentionBackend", "VLLM_ATTENTION_BACKEND"),
-        ("disabledKernels", "VLLM_DISABLED_KERNELS"),
+    _ENV_KNOBS: ClassVar[tuple[tuple[str, str, ConfigKind], ...]] = (
+        ("hipVisibleDevices", "HIP_VISIBLE_DEVICES", S),
+        ("attentionBackend", "VLLM_ATTENTION_BACKEND", S),
+        ("disabledKernels", "VLLM_DISABLED_KERNELS", S),
     )
     config_keys: ClassVar[Mapping[str, ConfigKind]] = {
         **{k: kind for k, _, kind in _FLAGS},
-        **{k: S for k, _ in _ENV_KNOBS},
+        **{k: kind for k, _, kind in _ENV_KNOBS},
         "tensorParallelSize": N,
         "swapSpace": N,  # spec.kvCache.swapSpace wins
         "enablePrefixCaching": B,
@@ -159,10 +156,7 @@ class VLLM(Backend):
             out.update({"VLLM_USE_TRITON_FLASH_ATTN": "0", "VLLM_ROCM_USE_AITER": "0"})
         if ctx.lora_adapters > 0 and self.supports_lora:
             out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter is off without it
-        for key, var in self._ENV_KNOBS:
-            v = read_config(ctx.config, key, S)
-            if v is not None:
-                out[var] = v
+        out.update(env_values(ctx.config, self._ENV_KNOBS))
         return out
 
 
@@ -219,7 +213,7 @@ class MLCLLM(Backend):
             if v is None and key == "tensorParallelShards" and ctx.gpu_count > 1:
                 v = ctx.gpu_count
             if v is not None:
-                parts.append(f"{name}={format(v, 'g') if isinstance(v, float) else v}")
+                parts.append(f"{name}={knob_text(v)}")
         raw = read_config(ctx.config, "overridesRaw", S)
         if raw:
             parts += [p for p in raw.split(";") if p.strip()]

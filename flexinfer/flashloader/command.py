@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TextIO
 
+from flexinfer.errors import report_failure
 from flexinfer.flashloader.config import FlashConfig, FlashError, load_config
 from flexinfer.flashloader.plan import (
     MB,
@@ -204,15 +205,6 @@ def run(args: argparse.Namespace) -> int:
                           buffer_kb=args.buffer_kb, verify=args.verify, exclude=exclude,
                           variant=args.variant)
         flash_load(cfg)
-    except (FlashError, SettingsError) as exc:
-        print(f"flash-load: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        print(f"flash-load: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
     except Exception as exc:  # no traceback for the user; --log-level debug shows it
-        log.debug("flash-load failed", exc_info=True)
-        print(f"flash-load: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report_failure("flash-load", exc, (FlashError, SettingsError), log)
     return 0

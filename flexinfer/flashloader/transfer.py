@@ -65,6 +65,20 @@ Copier = Callable[[int, int, int, int, ChunkCallback], str]
 """``copier(src_fd, dst_fd, size, buffer_bytes, on_chunk) -> method used``; copies to EOF."""
 
 
+def _kernel_copy(copy: Callable[[int], int], method: str, done: int, used: list[str],
+                 on_chunk: ChunkCallback) -> int:
+    """``copy(offset)`` (one in-kernel chunk at that source offset: bytes copied, 0 at EOF) until EOF;
+    returns the new offset. ``method`` goes into ``used`` once it has copied a byte."""
+    while True:
+        n = copy(done)
+        if n == 0:
+            return done
+        done += n
+        if method not in used:
+            used.append(method)
+        on_chunk(n)
+
+
 def copy_data(src_fd: int, dst_fd: int, size: int, buffer_bytes: int, on_chunk: ChunkCallback,
               methods: Sequence[str] = COPY_METHODS) -> str:
     """Copy ``src_fd`` to ``dst_fd`` from offset 0 to EOF with the first method that works.
@@ -83,24 +97,11 @@ def copy_data(src_fd: int, dst_fd: int, size: int, buffer_bytes: int, on_chunk: 
         eof = False
         try:
             if method == "copy_file_range" and hasattr(os, "copy_file_range"):
-                while True:
-                    n = os.copy_file_range(src_fd, dst_fd, chunk, done, done)
-                    if n == 0:
-                        break
-                    done += n
-                    if method not in used:
-                        used.append(method)
-                    on_chunk(n)
+                done = _kernel_copy(lambda at: os.copy_file_range(src_fd, dst_fd, chunk, at, at),
+                                    method, done, used, on_chunk)
             elif method == "sendfile" and hasattr(os, "sendfile"):
                 os.lseek(dst_fd, done, os.SEEK_SET)
-                while True:
-                    n = os.sendfile(dst_fd, src_fd, done, chunk)
-                    if n == 0:
-                        break
-                    done += n
-                    if method not in used:
-                        used.append(method)
-                    on_chunk(n)
+                done = _kernel_copy(lambda at: os.sendfile(dst_fd, src_fd, at, chunk), method, done, used, on_chunk)
             elif method == "buffered":
                 os.lseek(src_fd, done, os.SEEK_SET)
                 os.lseek(dst_fd, done, os.SEEK_SET)

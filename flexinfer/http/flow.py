@@ -49,11 +49,8 @@ class FlowControl:
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None:
-            self._drain_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._drain_waiter is not None:
+            self._wake_drain()
         listener = self._listener
         if listener is not None:
             listener()
@@ -79,9 +76,14 @@ class FlowControl:
         """The transport is gone: wake every drain waiter (they raise ClientGone)."""
         self.closed = True
         self.write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None:
-            self._drain_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._drain_waiter is not None:
+            self._wake_drain()
         self._listener = None
+
+    def _wake_drain(self) -> None:
+        """Release whoever waits in :meth:`drain` (called only while someone does: the common path
+        stays one attribute test)."""
+        waiter = self._drain_waiter
+        self._drain_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -29,14 +29,7 @@ from typing import Any
 from flexinfer import labels
 from flexinfer.api import GPUGroup, SpecError
 from flexinfer.api.common import format_time, opt_time
-from flexinfer.api.conditions import (
-    READY,
-    Condition,
-    ConditionStatus,
-    conditions_to_list,
-    parse_conditions,
-    set_condition,
-)
+from flexinfer.api.conditions import READY, ConditionSet, ConditionStatus
 from flexinfer.api.gpugroup import AntiThrashing
 from flexinfer.operator.api_resources import GPU_GROUP, MODEL_DEPLOYMENT
 from flexinfer.operator.context import MD_Q, Operator
@@ -141,13 +134,13 @@ async def reconcile_gpugroup(op: Operator, key: tuple[str, str]) -> Result:
         return Result()
     now = op.clock()
     gen = (body.get("metadata") or {}).get("generation") or 0
-    conds = parse_conditions((body.get("status") or {}).get("conditions"))
+    conds = ConditionSet((body.get("status") or {}).get("conditions"), gen, now)
     try:
         group = GPUGroup.from_obj(body)
     except SpecError as e:
-        conds = set_condition(conds, Condition(READY, "False", e.reason, e.message, None, gen), now)
+        conds.set(READY, "False", e.reason, e.message)
         await op.w.patch_status(GPU_GROUP, body, {"observedGeneration": gen, "phase": "Failed",
-                                                  "conditions": conditions_to_list(conds)})
+                                                  "conditions": conds.to_list()})
         return Result(permanent=f"{e.reason}: {e.message}")
     mds = {m.name: op.store.get(MODEL_DEPLOYMENT, m.namespace, m.name) or {} for m in group.spec.models}
     members = members_from(group, (body.get("metadata") or {}).get("annotations") or {}, mds)
@@ -192,9 +185,8 @@ async def reconcile_gpugroup(op: Operator, key: tuple[str, str]) -> Result:
         status.update({"lastSwapTime": format_time(now), "lastSwapReason": d.reason[:1024],
                        "swapCount": st.swap_count + 1})
     ok: ConditionStatus = "True" if phase in ("Active", "Idle") else "False"
-    conds = set_condition(conds, Condition(READY, ok, phase, (d.blocked and f"swap waits: {d.reason}") or d.reason,
-                                           None, gen), now)
-    status["conditions"] = conditions_to_list(conds)
+    conds.set(READY, ok, phase, (d.blocked and f"swap waits: {d.reason}") or d.reason)
+    status["conditions"] = conds.to_list()
     await op.w.patch_status(GPU_GROUP, body, status)
     if d.swap:
         op.record(body, Event("Normal", "Swapped", f"{st.active_model or 'nothing'} -> {d.active or 'nothing'}: "

@@ -22,15 +22,7 @@ from typing import Any
 
 from flexinfer import labels
 from flexinfer.api import LoRAAdapter, SpecError
-from flexinfer.api.conditions import (
-    LOADED,
-    READY,
-    Condition,
-    ConditionStatus,
-    conditions_to_list,
-    parse_conditions,
-    set_condition,
-)
+from flexinfer.api.conditions import LOADED, READY, ConditionSet, ConditionStatus
 from flexinfer.api.lora import LoRAAdapterSpec
 from flexinfer.backends import UnknownBackendError, get_backend
 from flexinfer.operator.api_resources import ENDPOINTS, LORA, MODEL
@@ -80,11 +72,11 @@ def _status(body: Mapping[str, Any], phase: str, reason: str, message: str, now:
             total: int = 0) -> dict[str, Any]:
     md = body.get("metadata") or {}
     gen = md.get("generation") if isinstance(md.get("generation"), int) else 0
-    conds = parse_conditions((body.get("status") or {}).get("conditions"))
+    conds = ConditionSet((body.get("status") or {}).get("conditions"), gen, now)
     ok: ConditionStatus = "True" if phase == "Loaded" else "False"
-    conds = set_condition(conds, Condition(LOADED, ok, reason, message, None, gen), now)
-    conds = set_condition(conds, Condition(READY, ok, reason, message, None, gen), now)
-    return {"observedGeneration": gen, "phase": phase, "conditions": conditions_to_list(conds),
+    conds.set(LOADED, ok, reason, message)
+    conds.set(READY, ok, reason, message)
+    return {"observedGeneration": gen, "phase": phase, "conditions": conds.to_list(),
             "loadedReplicas": loaded, "totalReplicas": total, "message": message[:32768]}
 
 

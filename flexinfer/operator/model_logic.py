@@ -34,11 +34,7 @@ from flexinfer.api.conditions import (
     LOADED,
     READY,
     SCHEDULABLE,
-    Condition,
-    ConditionStatus,
-    conditions_to_list,
-    parse_conditions,
-    set_condition,
+    ConditionSet,
 )
 from flexinfer.api.model_view import Model
 from flexinfer.backends import ImageNotConfigured, check_placement
@@ -240,19 +236,6 @@ class ModelPlan:
         return self.status.get("phase") == "Failed"
 
 
-class _Conds:
-    def __init__(self, observed: Any, generation: int, now: datetime) -> None:
-        self.items = parse_conditions(observed)
-        self.gen = generation
-        self.now = now
-
-    def set(self, type_: str, status: ConditionStatus, reason: str, message: str) -> None:
-        self.items = set_condition(self.items, Condition(type_, status, reason, message, None, self.gen), self.now)
-
-    def to_list(self) -> list[dict[str, Any]]:
-        return conditions_to_list(self.items)
-
-
 def _generation(body: Mapping[str, Any]) -> int:
     g = (body.get("metadata") or {}).get("generation")
     return g if isinstance(g, int) and not isinstance(g, bool) else 0
@@ -261,7 +244,7 @@ def _generation(body: Mapping[str, Any]) -> int:
 def _failed(inp: ModelInputs, reason: str, message: str, cond: str, *, requeue: float | None,
             endpoint: str | None = None) -> ModelPlan:
     gen = _generation(inp.body)
-    conds = _Conds((inp.body.get("status") or {}).get("conditions"), gen, inp.now)
+    conds = ConditionSet((inp.body.get("status") or {}).get("conditions"), gen, inp.now)
     if cond != CONFIG_VALID:
         conds.set(CONFIG_VALID, "True", "ConfigValid", "the spec is valid")
     conds.set(cond, "False", reason, message)
@@ -342,7 +325,7 @@ def plan_model(inp: ModelInputs, settings: OperatorSettings) -> ModelPlan:
         phase, reason, msg = "Pending", "StartingBackend", "creating the Deployment"
 
     gen = _generation(inp.body)
-    conds = _Conds(status_raw.get("conditions"), gen, inp.now)
+    conds = ConditionSet(status_raw.get("conditions"), gen, inp.now)
     if inp.alias_conflicts:
         conds.set(CONFIG_VALID, "False", ALIAS_CONFLICT, "; ".join(inp.alias_conflicts))
     else:

@@ -20,14 +20,7 @@ from typing import Any
 
 from flexinfer import labels
 from flexinfer.api import ModelCache, SpecError
-from flexinfer.api.conditions import (
-    READY,
-    Condition,
-    ConditionStatus,
-    conditions_to_list,
-    parse_conditions,
-    set_condition,
-)
+from flexinfer.api.conditions import READY, ConditionSet, ConditionStatus
 from flexinfer.operator import builders, jobs
 from flexinfer.operator.api_resources import JOB, MODEL_CACHE, PVC, Kind
 from flexinfer.operator.config import OperatorSettings
@@ -89,10 +82,10 @@ def plan_cache_object(mc: ModelCache, owner: Mapping[str, Any], *, pvcs: Mapping
 
 def _status(body: Mapping[str, Any], plan: CacheObjectPlan, now: datetime) -> dict[str, Any]:
     gen = (body.get("metadata") or {}).get("generation") or 0
-    conds = parse_conditions((body.get("status") or {}).get("conditions"))
+    conds = ConditionSet((body.get("status") or {}).get("conditions"), gen, now)
     ok: ConditionStatus = "True" if plan.phase == "Ready" else "False"
-    conds = set_condition(conds, Condition(READY, ok, plan.reason, plan.message, None, gen), now)
-    return {"observedGeneration": gen, "phase": plan.phase, "conditions": conditions_to_list(conds),
+    conds.set(READY, ok, plan.reason, plan.message)
+    return {"observedGeneration": gen, "phase": plan.phase, "conditions": conds.to_list(),
             "message": plan.message, "path": plan.path}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from flexinfer import labels
 from flexinfer.api import ModelCache, ModelDeployment, SpecError
-from flexinfer.api.conditions import READY, Condition, conditions_to_list, parse_conditions, set_condition
+from flexinfer.api.conditions import READY, ConditionSet
 from flexinfer.backends import ImageNotConfigured, LaunchContext, get_backend
 from flexinfer.operator import builders, jobs
 from flexinfer.operator.api_resources import (
@@ -150,9 +150,9 @@ def idle_scale_down(md: ModelDeployment, now: datetime) -> tuple[int | None, flo
 def _status(body: Mapping[str, Any], now: datetime, *, phase: str, ready: bool, reason: str, message: str,
             extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     gen = (body.get("metadata") or {}).get("generation") or 0
-    conds = parse_conditions((body.get("status") or {}).get("conditions"))
-    conds = set_condition(conds, Condition(READY, "True" if ready else "False", reason, message, None, gen), now)
-    return {"observedGeneration": gen, "phase": phase, "conditions": conditions_to_list(conds), **(extra or {})}
+    conds = ConditionSet((body.get("status") or {}).get("conditions"), gen, now)
+    conds.set(READY, "True" if ready else "False", reason, message)
+    return {"observedGeneration": gen, "phase": phase, "conditions": conds.to_list(), **(extra or {})}
 
 
 async def _write(op: Operator, body: Mapping[str, Any], status: dict[str, Any]) -> None:

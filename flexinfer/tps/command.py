@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 
+from flexinfer.errors import report_failure
 from flexinfer.settings import SettingsError
 from flexinfer.tps.config import DEFAULT_PROMPT, BenchError, load_config
 from flexinfer.tps.measure import run_bench
@@ -80,16 +81,7 @@ def run(args: argparse.Namespace) -> int:
             entries = asyncio.run(publish(result, cfg))
             print(f"bench: wrote ConfigMap {cfg.configmap} and {cfg.global_configmap} keys "
                   f"{', '.join(sorted(entries))}", file=sys.stderr)
-    except (BenchError, SettingsError, ConnectionError) as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"bench: error: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
-              file=sys.stderr)
-        return 1
     except Exception as exc:  # no traceback for the user; --log-level debug shows it
-        log.debug("bench failed", exc_info=True)
-        print(f"bench: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report_failure("bench", exc, (BenchError, SettingsError, ConnectionError), log)
     return 0
 
