@@ -8,7 +8,7 @@ rule no request used unless the rule carries a ``# needed because:`` comment (ex
 The scenarios are the existing tests of each component, run through their own harnesses on an
 ``as_user`` view of the emulator (the component talks as its ServiceAccount, the test's own setup
 stays admin): ``tests/operator`` (the Model of ``examples/v1alpha2/model-cpu.yaml`` plus the Model,
-ModelDeployment, ModelCache, GPUGroup and LoRAAdapter lifecycles), ``tests/kube`` (``proxy --kube``:
+ModelDeployment, ModelCache, GPUGroup and LoRAAdapter lifecycles), ``tests/runtime/kube`` (``proxy --kube``:
 listing, routing to endpoints, wake-ups), ``tests/scheduler`` (the extender's node/pod/ConfigMap
 inventory), ``tests/agent`` (the node agent) and ``tests/tps`` (the bench publisher).
 """
@@ -241,9 +241,9 @@ async def test_operator_under_rbac(as_component: Any, index: int) -> None:
 
 
 async def _proxy_process(ks: Any) -> None:
-    """``flexinfer proxy --kube`` as a process (its composition root is ``flexinfer.proxy.main`` on main;
-    it moves to ``flexinfer.cmd.proxy``: the CLI entry stays the same): lists the models, sees endpoints."""
-    from tests.kube.conftest import MODELS, SLICES, model_obj, service_obj, slice_obj
+    """``flexinfer proxy --kube`` as a process (composition root ``flexinfer.cmd.proxy``): lists the models,
+    sees endpoints."""
+    from tests.runtime.kube.conftest import MODELS, SLICES, model_obj, service_obj, slice_obj
 
     stub = await ks.stub()
     await ks.put(MODELS, model_obj("m", ready=True))
@@ -282,7 +282,7 @@ async def _proxy_process(ks: Any) -> None:
 
 
 def _proxy_scenarios() -> list[Any]:
-    from tests.kube import test_activation, test_routing
+    from tests.runtime.kube import test_activation, test_routing
 
     return [_proxy_process,
             test_activation.test_model_appears_then_a_cold_burst_is_held_patched_once_and_released,
@@ -296,7 +296,7 @@ def _proxy_scenarios() -> list[Any]:
 
 @pytest.mark.parametrize("index", range(8))
 async def test_proxy_under_rbac(as_component: Any, index: int) -> None:
-    from tests.kube.conftest import KubeStack, load_crds
+    from tests.runtime.kube.conftest import KubeStack, load_crds
 
     fn = _proxy_scenarios()[index]
     kube, view = await as_component("proxy")

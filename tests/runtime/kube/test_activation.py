@@ -7,7 +7,8 @@ import asyncio
 import openai
 import pytest
 
-from tests.kube.conftest import (
+from tests.kube_emulator import KubeEnv
+from tests.runtime.kube.conftest import (
     DEPLOYMENTS,
     GROUPS,
     MODELS,
@@ -17,7 +18,6 @@ from tests.kube.conftest import (
     fast_settings,
     model_obj,
 )
-from tests.kube_emulator import KubeEnv
 
 STATUS = "models.ai.flexinfer/status"
 
@@ -62,7 +62,7 @@ async def test_model_appears_then_a_cold_burst_is_held_patched_once_and_released
 async def test_heartbeat_while_a_request_is_open(ks: KubeStack) -> None:
     from dataclasses import replace
 
-    from tests.kube.conftest import FAST
+    from tests.runtime.kube.conftest import FAST
 
     stub = await ks.stub()
     await ks.start(timings=replace(FAST, heartbeat_interval=0.3))

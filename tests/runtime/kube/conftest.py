@@ -28,7 +28,7 @@ from flexinfer.settings import ProxySettings, with_changes
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401  (the `kube` fixture)
 from tests.stub_engine import StubEngine
 
-CRDS = Path(__file__).resolve().parents[2] / "crds"
+CRDS = Path(__file__).resolve().parents[3] / "crds"
 MODELS = "ai.flexinfer/v1alpha2/models"
 DEPLOYMENTS = "ai.flexinfer/v1alpha1/modeldeployments"
 ADAPTERS = "ai.flexinfer/v1alpha2/loraadapters"

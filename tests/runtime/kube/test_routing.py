@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from flexinfer._speedups import HashRing
-from tests.kube.conftest import (
+from tests.runtime.kube.conftest import (
     ADAPTERS,
     DEPLOYMENTS,
     MODELS,

@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from tests.kube.conftest import MODELS, KubeStack, model_obj
+from tests.runtime.kube.conftest import MODELS, KubeStack, model_obj
 
 
 def _free_port() -> int:

@@ -8,8 +8,8 @@ import time
 
 import yaml
 
-from tests.kube.conftest import CRDS, MODELS, KubeStack, model_obj
 from tests.kube_emulator import KubeEnv
+from tests.runtime.kube.conftest import CRDS, MODELS, KubeStack, model_obj
 
 MODEL_KEY = "models.ai.flexinfer"
 

@@ -7,7 +7,7 @@ from typing import Any
 from flexinfer.cli import main as cli_main
 from flexinfer.runtime.kube import KubeRuntime
 from flexinfer.runtime.kubeviews import MODEL, SERVICE, SLICE, ClusterState, Index, ServiceInfo, SliceInfo
-from tests.kube.conftest import NS, model_obj, service_obj, slice_obj
+from tests.runtime.kube.conftest import NS, model_obj, service_obj, slice_obj
 
 
 def _runtime() -> KubeRuntime:
