@@ -2,7 +2,9 @@
 httptools response parser.
 
 Owns: :class:`UpstreamPool` / :class:`Pools` (connect with a timeout, LIFO reuse, idle expiry below
-the backends' keep-alive, a pending EOF/RST/byte check of a pooled connection before its reuse, and
+the backends' keep-alive, a pending EOF/RST/byte check (one poll(2)) before reusing a connection that
+idled ``pool_check_after`` or longer — a keep-alive close comes after seconds of idleness, and one that
+arrived before the loop's last poll has already removed the connection — and
 at most one retry of a reused connection that failed before any response byte, only for GET, HEAD
 and OPTIONS: a request whose bytes were written is never written again otherwise, because the
 engine may already be running it; that refusal is an ``UpstreamError`` with ``reason="not_replayed"``),
@@ -463,15 +465,17 @@ class UpstreamPool:
             return None
         now = idle[-1].loop.time()
         limit = self._settings.pool_idle_timeout
+        check_after = self._settings.pool_check_after
         while idle:
             conn = idle.pop()
             if conn.lost or conn.transport.is_closing():
                 continue
-            if conn.pending_close():
+            idle_for = now - conn.idle_since
+            if idle_for >= check_after and conn.pending_close():
                 conn.broken = True
                 conn.transport.abort()
                 continue
-            if now - conn.idle_since >= limit:
+            if idle_for >= limit:
                 # the newest is stale, so are all the older ones
                 conn.transport.close()
                 for old in idle:

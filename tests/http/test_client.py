@@ -4,6 +4,7 @@ the keep-alive race retry, canonical serialization (h11 as the oracle) and relay
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import struct
 import time
@@ -21,6 +22,7 @@ from flexinfer.http.client import (
     UpstreamError,
     UpstreamPool,
     UpstreamTimeout,
+    _Conn,  # the poll(2) check is counted on the connection class
     serialize_request,
 )
 from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
@@ -348,7 +350,7 @@ async def test_pooled_connection_with_pending_eof_is_not_reused() -> None:
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
-        pool = UpstreamPool(HOST, port, FAST)
+        pool = UpstreamPool(HOST, port, dataclasses.replace(FAST, pool_check_after=0.0))
         resp = await pool.request("POST", "/", [], b"x")
         assert await resp.read_all(100) == b"ok0"
         conn = pool._idle[-1]
@@ -686,3 +688,32 @@ async def test_relay_upstream_failure_leaves_writer_to_caller() -> None:
             assert b"data: 1\n" in ex.data and b'{"error": "upstream"}' in ex.data
             assert not ex.data.endswith(b"0\r\n\r\n") and ex.eof  # no terminating chunk
         await pool.close()
+
+
+async def test_a_connection_reused_at_once_is_not_polled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # under load a connection goes back out within microseconds: no poll(2) per request then
+    polls: list[bool] = []
+    orig = _Conn.pending_close
+
+    def counting(self: _Conn) -> bool:
+        polls.append(True)
+        return orig(self)
+
+    monkeypatch.setattr(_Conn, "pending_close", counting)
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(ok_response(b"ok"))
+            await writer.drain()
+
+    async with RawBackend(script) as backend:
+        pool = UpstreamPool(HOST, backend.port, dataclasses.replace(FAST, pool_check_after=0.5))
+        for _ in range(3):
+            resp = await pool.request("POST", "/", [], b"x")
+            await resp.read_all(100)
+        assert polls == []
+        await asyncio.sleep(0.6)
+        resp = await pool.request("POST", "/", [], b"x")
+        await resp.read_all(100)
+        assert polls == [True] and len(backend.conns) == 1
