@@ -30,9 +30,10 @@ __all__ = [
     "TokenBucket",
     "chained_block_hashes",
     "load",
+    "model_key_scan",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("hashring", "prefixhash", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -59,11 +60,13 @@ def _pick(name: str) -> ModuleType:
 
 if TYPE_CHECKING:
     from .hashring_py import HashRing as HashRing
+    from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
     HashRing = _pick("hashring").HashRing
+    model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes
     _tokenbucket = _pick("tokenbucket")
     TokenBucket = _tokenbucket.TokenBucket

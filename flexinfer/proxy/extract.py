@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from flexinfer._speedups import model_key_scan
 from flexinfer.errors import BadRequest, InvalidJSON, InvalidModelName, NotFound, PayloadTooLarge
 
 # A model name as clients may send it: ASCII letters, digits and . _ : / @ + -, at most 256
@@ -119,13 +120,10 @@ def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, int]:
         raise InvalidJSON(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
-    keys = body.count(_MODEL_KEY)
-    if (keys > 1 or _ESCAPED_LETTER in body) and _top_level_model_keys(body) > 1:
+    keys, escaped = model_key_scan(body)
+    if (keys > 1 or escaped) and _top_level_model_keys(body) > 1:
         raise InvalidJSON("request body has more than one top-level \"model\" key", param="model")
     return data, keys
-
-
-_ESCAPED_LETTER = b"\\u006"
 
 
 def _top_level_model_keys(body: bytes) -> int:
