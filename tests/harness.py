@@ -86,3 +86,13 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(5)
             self.loop.close()
+
+
+async def reach(cond: Callable[[], object], timeout: float = 5.0, step: float = 0.02) -> None:
+    """Wait until ``cond()`` is true, or fail the test with AssertionError after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(step)

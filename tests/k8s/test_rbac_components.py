@@ -21,8 +21,6 @@ import inspect
 import json
 import os
 import signal
-import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -243,21 +241,13 @@ async def test_operator_under_rbac(as_component: Any, index: int) -> None:
 async def _proxy_process(ks: Any) -> None:
     """``flexinfer proxy --kube`` as a process (composition root ``flexinfer.cmd.proxy``): lists the models,
     sees endpoints."""
-    from tests.runtime.kube.conftest import MODELS, SLICES, model_obj, service_obj, slice_obj
+    from tests.runtime.kube.conftest import MODELS, SLICES, model_obj, proxy_process, service_obj, slice_obj
 
     stub = await ks.stub()
     await ks.put(MODELS, model_obj("m", ready=True))
     await ks.put("v1/services", service_obj("m"))
     await ks.put(SLICES, slice_obj("m-abc", "m", [("127.0.0.1", stub)]))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "KUBECONFIG": str(ks.kube.kubeconfig_path), "POD_NAMESPACE": "default"}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "flexinfer.cli", "proxy", "--kube", "--port", str(port), env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
+    async with proxy_process(ks.kube.kubeconfig_path, "default") as (proc, port):
         ids: list[str] = []
         status = 0
         end = time.monotonic() + 20
@@ -275,10 +265,6 @@ async def _proxy_process(ks: Any) -> None:
         assert ids == ["m"] and status == 200
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def _proxy_scenarios() -> list[Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,16 +10,8 @@ import pytest
 from flexinfer.k8s.backoff import Backoff
 from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.k8s.reflector import Expired, ResourceWatch
+from tests.harness import reach
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401  (the `kube` fixture)
-
-
-async def _until(cond: Callable[[], object], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 def test_apply_list_and_apply_event() -> None:
@@ -62,11 +53,11 @@ async def test_an_event_near_the_object_size_limit_arrives(kube: KubeEnv) -> Non
                           backoff=Backoff(0.01, 0.05))
         task = asyncio.create_task(w.run())
         try:
-            await _until(w.synced.is_set)
+            await reach(w.synced.is_set)
             await core.create_namespaced_config_map("default", {"metadata": {"name": "big"},
                                                                 "data": {"blob": "x" * (1000 * 1024)}})
             await core.create_namespaced_config_map("default", {"metadata": {"name": "small"}, "data": {}})
-            await _until(lambda: "small" in seen)
+            await reach(lambda: "small" in seen)
             assert seen == {"big": 1000 * 1024, "small": 0} and w.stats.errors == 0
         finally:
             task.cancel()

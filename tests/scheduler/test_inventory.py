@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from flexinfer.scheduler.inventory import (
     Watcher,
 )
 from flexinfer.scheduler.settings import ExtenderSettings
+from tests.harness import reach
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401
 from tests.scheduler.helpers import make_node, make_pod
 
@@ -79,14 +79,6 @@ def test_pod_usage_store_tracks_transitions() -> None:
 # ---- the real loop against the emulator -----------------------------------------------------------------
 
 
-async def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
-
 
 async def test_watch_loop_list_watch_resume_and_relist(kube: KubeEnv) -> None:
     kube.seed("v1/nodes", make_node("n1", util=5))
@@ -100,40 +92,40 @@ async def test_watch_loop_list_watch_resume_and_relist(kube: KubeEnv) -> None:
             w.backoff.base = 0.01
         tasks = [asyncio.create_task(w.run()) for w in watchers]
         try:
-            await _wait(lambda: inv.synced)
+            await reach(lambda: inv.synced)
             assert set(inv.nodes.facts) == {"n1"}
             node_w = watchers[0]
             assert node_w.lists == 1
 
             await core.create_node(make_node("n2"))
             await core.patch_node("n1", {"metadata": {"annotations": {labels.GPU_UTIL: "77"}}})
-            await _wait(lambda: "n2" in inv.nodes.facts and inv.nodes.facts["n1"].util == 77.0)
+            await reach(lambda: "n2" in inv.nodes.facts and inv.nodes.facts["n1"].util == 77.0)
             await core.create_namespaced_config_map("team-a", {
                 "metadata": {"name": labels.BENCHMARK_CONFIGMAP}, "data": {"bench_1": "9"}})
-            await _wait(lambda: inv.bench("team-a") == {"bench_1": "9"})
+            await reach(lambda: inv.bench("team-a") == {"bench_1": "9"})
 
             # the apiserver drops every watch: resume from the last resourceVersion, no re-list
             await kube.close_watches()
             await asyncio.sleep(0.1)
             await core.delete_node("n2")
-            await _wait(lambda: "n2" not in inv.nodes.facts)
+            await reach(lambda: "n2" not in inv.nodes.facts)
             assert node_w.lists == 1
 
             # versions expire while no watch is open: 410 → re-list, which still sees everything
             await core.create_namespaced_config_map("team-a", {"metadata": {"name": "other"}})
             kube.expire_resource_versions()
             await kube.close_watches()
-            await _wait(lambda: node_w.lists == 2)
+            await reach(lambda: node_w.lists == 2)
             assert ("nodes", "gone") in restarts
             await core.create_node(make_node("n3"))
-            await _wait(lambda: set(inv.nodes.facts) == {"n1", "n3"})
+            await reach(lambda: set(inv.nodes.facts) == {"n1", "n3"})
 
             # API errors: back off and recover
             fault = kube.inject("GET", r"/api/v1/nodes$", status=500, times=3)
             await core.create_namespaced_config_map("team-a", {"metadata": {"name": "other2"}})
             kube.expire_resource_versions()
             await kube.close_watches()
-            await _wait(lambda: node_w.lists == 3)
+            await reach(lambda: node_w.lists == 3)
             assert fault.hits == 3 and restarts.count(("nodes", "error")) == 3, (fault, restarts)
             # requests never hit the API per scheduling decision: the lookup is local
             before = kube.request_count()
@@ -156,7 +148,7 @@ async def test_pod_watch_only_with_fairshare(kube: KubeEnv) -> None:
         assert [w.kind for w in ws] == ["nodes", "configmaps", "pods"]
         tasks = [asyncio.create_task(w.run()) for w in ws]
         try:
-            await _wait(lambda: inv.synced)
+            await reach(lambda: inv.synced)
             assert inv.tenant_used("team-a") == 2.0  # the field selector left the finished pod out
         finally:
             for t in tasks:
@@ -180,7 +172,7 @@ async def test_watch_loop_honours_retry_after(kube: KubeEnv) -> None:
         t0 = time.monotonic()
         inv, node_w, task = await _run_node_watcher(kube, api)
         try:
-            await _wait(node_w.synced.is_set, timeout=5.0)
+            await reach(node_w.synced.is_set, timeout=5.0)
             waited = time.monotonic() - t0
             assert refused.hits == 1 and set(inv.nodes.facts) == {"n1"}
             assert waited >= 0.95, f"listed again after {waited:.2f}s, before the Retry-After second"
@@ -198,7 +190,7 @@ async def test_watch_loop_slows_down_when_streams_end_at_once(kube: KubeEnv) -> 
 
         inv, node_w, task = await _run_node_watcher(kube, api)
         try:
-            await _wait(node_w.synced.is_set)
+            await reach(node_w.synced.is_set)
             bookmark = {"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {
                 "resourceVersion": str(kube.emulator.current_rv)}}}
             empty = kube.inject("GET", r"^/api/v1/nodes$", status=200, body=bookmark, times=10_000, query="watch")
@@ -207,7 +199,7 @@ async def test_watch_loop_slows_down_when_streams_end_at_once(kube: KubeEnv) -> 
             assert 1 <= empty.hits <= 4, f"{empty.hits} watch requests in 0.6 s"
             empty.times = empty.hits  # the apiserver streams again
             await k8s.CoreV1Api(api).create_node(make_node("n2"))
-            await _wait(lambda: "n2" in inv.nodes.facts, timeout=8.0)
+            await reach(lambda: "n2" in inv.nodes.facts, timeout=8.0)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

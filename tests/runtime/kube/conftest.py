@@ -9,8 +9,12 @@ itself talks to the emulator only through ``kubernetes_asyncio``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
+import os
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
@@ -212,3 +216,23 @@ async def ks(kube: KubeEnv) -> AsyncIterator[KubeStack]:
             yield st
         finally:
             await st.close()
+
+
+@contextlib.asynccontextmanager
+async def proxy_process(kubeconfig: Path | str, namespace: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """``flexinfer proxy --kube`` as a process on a free port, with ``KUBECONFIG`` and ``POD_NAMESPACE``
+    set as in a pod (no in-cluster service env); killed on exit if the test did not stop it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": namespace}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "flexinfer.cli", "proxy", "--kube", "--port", str(port), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        yield proc, port
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

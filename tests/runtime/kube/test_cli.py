@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import sys
 import time
 
 import aiohttp
 
-from tests.runtime.kube.conftest import MODELS, KubeStack, model_obj
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.runtime.kube.conftest import MODELS, KubeStack, model_obj, proxy_process
 
 
 async def test_proxy_kube_process_lists_models_and_exits_cleanly(ks: KubeStack) -> None:
     await ks.put(MODELS, model_obj("m", ns="team"))
     await ks.put(MODELS, model_obj("elsewhere", ns="default"))
-    port = _free_port()
-    env = {**os.environ, "KUBECONFIG": str(ks.kube.kubeconfig_path), "POD_NAMESPACE": "team"}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "flexinfer.cli", "proxy", "--kube", "--port", str(port), env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
+    async with proxy_process(ks.kube.kubeconfig_path, "team") as (proc, port):
         ids: list[str] = []
         end = time.monotonic() + 20
         async with aiohttp.ClientSession() as s:
@@ -47,7 +32,3 @@ async def test_proxy_kube_process_lists_models_and_exits_cleanly(ks: KubeStack) 
         assert proc.stderr is not None
         err = (await proc.stderr.read()).decode()
         assert "Traceback" not in err and "failed" not in err, err
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
