@@ -16,19 +16,22 @@ cdef extern from "Python.h":
 
 
 def model_key_scan(bytes body not None):
-    """(occurrences of ``"model"``, whether ``\\u006`` occurs) in ``body``."""
+    """(occurrences of ``"model"``, offset of the first or -1, whether ``\\u006`` occurs) in ``body``."""
     cdef const char* buf = PyBytes_AS_STRING(body)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
     cdef const char* p = buf
     cdef const char* end = buf + n
     cdef const char* hit
     cdef Py_ssize_t count = 0
+    cdef Py_ssize_t first = -1
     cdef bint escaped = False
     while p + 7 <= end:
         hit = <const char*>memchr(p, 34, end - p - 6)  # '"', with room for the 6 bytes after it
         if hit == NULL:
             break
         if hit[1] == 109 and memcmp(hit + 1, b"model\"", 6) == 0:  # 'm' first: most quotes end there
+            if count == 0:
+                first = hit - buf
             count += 1
             p = hit + 7  # like bytes.count: occurrences do not overlap
         else:
@@ -42,4 +45,4 @@ def model_key_scan(bytes body not None):
             escaped = True
             break
         p = hit + 1
-    return count, escaped
+    return count, first, escaped

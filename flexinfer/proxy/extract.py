@@ -30,7 +30,9 @@ from flexinfer.errors import BadRequest, InvalidJSON, InvalidModelName, NotFound
 # obs-text, %-escapes) is a 400: names never reach a header, a log line or a resolver unchecked.
 _NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._:/@+\-]{0,254}[A-Za-z0-9])?\Z")
 _PATH_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._:@+\-]{0,254}[A-Za-z0-9])?\Z")
-_MODEL_KEY = b'"model"'
+#: ``model_key_scan``'s answer: (occurrences of ``"model"``, offset of the first or -1, escaped spelling seen)
+KeyScan = tuple[int, int, bool]
+_NO_KEY: KeyScan = (0, -1, False)
 _MODEL_VALUE_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _MAX_MULTIPART_PARTS = 1000
 _MAX_FIELD_BYTES = 256
@@ -100,9 +102,9 @@ def parse_json(body: bytes) -> dict[str, Any] | None:
     return parse_json_counted(body)[0]
 
 
-def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, int]:
-    """(parsed body, occurrences of the raw ``"model"`` key token): the body is scanned once and the
-    count is handed to :func:`rewrite_model`, which needs it too.
+def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, KeyScan]:
+    """(parsed body, the raw scan of its ``"model"`` key): the body is scanned once, and the scan is
+    handed to :func:`rewrite_model`, which needs it too.
 
     orjson keeps the last of duplicate keys silently, and a backend may keep another one, so a
     top-level ``model`` key that occurs twice after decoding is refused. The raw scan decides
@@ -113,17 +115,18 @@ def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, int]:
     by the stdlib parser, which sees the top-level pairs.
     """
     if not body:
-        return None, 0
+        return None, _NO_KEY
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
-    keys, escaped = model_key_scan(body)
+    scan = model_key_scan(body)
+    keys, _, escaped = scan
     if (keys > 1 or escaped) and _top_level_model_keys(body) > 1:
         raise InvalidJSON("request body has more than one top-level \"model\" key", param="model")
-    return data, keys
+    return data, scan
 
 
 def _top_level_model_keys(body: bytes) -> int:
@@ -131,17 +134,13 @@ def _top_level_model_keys(body: bytes) -> int:
     import json
 
     try:
-        top = json.loads(body, object_pairs_hook=_pairs)
+        top = json.loads(body, object_pairs_hook=list)
     except RecursionError:
         # orjson accepted nesting deeper than the stdlib parser can follow: refuse rather than guess
         raise InvalidJSON("request body is nested too deeply") from None
     except ValueError as exc:  # pragma: no cover - orjson accepted it, the stdlib parser agrees
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
     return sum(1 for k, _ in top if k == "model") if isinstance(top, list) else 0
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    return pairs
 
 
 def body_model(data: dict[str, Any] | None) -> str | None:
@@ -153,18 +152,18 @@ def body_model(data: dict[str, Any] | None) -> str | None:
     return check_model_name(value, "the request body")
 
 
-def rewrite_model(body: bytes, data: dict[str, Any], new: str, key_count: int | None = None) -> bytes:
+def rewrite_model(body: bytes, data: dict[str, Any], new: str, scan: KeyScan | None = None) -> bytes:
     """The body with its top-level ``"model"`` set to ``new``.
 
-    Splices the new value into the raw bytes when the key occurs exactly once in plain form (the
-    common case: no re-encoding of the messages); otherwise re-serializes the parsed object.
+    Splices the new value into the raw bytes when the key occurs exactly once, in plain form and with
+    no escaped spelling anywhere (the common case: no re-encoding of the messages), at the offset the
+    scan found; otherwise re-serializes the parsed object.
     """
     if data.get("model") == new:
         return body
-    if key_count is None:
-        key_count = body.count(_MODEL_KEY)
-    if key_count == 1 and b"\\u" not in body:
-        m = _MODEL_VALUE_RE.search(body)
+    count, first, escaped = model_key_scan(body) if scan is None else scan
+    if count == 1 and not escaped:
+        m = _MODEL_VALUE_RE.match(body, first)
         if m is not None:
             raw = m.group(1)
             if b"\\" not in raw and raw.decode("utf-8", "replace") == data.get("model"):

@@ -93,13 +93,13 @@ class ProxyHandler:
         rid = req.get(b"x-request-id")
         if rid is None or not _REQUEST_ID_RE.match(rid):
             rid = self.new_request_id()
-        ctx = RequestContext(time.perf_counter(), rid, req.path)
-        req.ctx = ctx
         try:
             # decided once: every route below (control, admin, forward) sees the normalized path
-            req.path = ctx.path = path = extract.normalize_path(req.path)
+            req.path = path = extract.normalize_path(req.path)
         except FlexInferError as exc:
             return exc
+        ctx = RequestContext(time.perf_counter(), rid, path)
+        req.ctx = ctx
         if path in _CONTROL or path.startswith("/v1/models/"):
             ctx.route = ROUTE_CONTROL
             if path in ("/v1/models",) or path.startswith("/v1/models/"):
@@ -157,10 +157,10 @@ class ProxyHandler:
             if self.draining:
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
             data: dict[str, Any] | None = None
-            model_keys: int | None = None
+            model_scan: extract.KeyScan | None = None
             ctype = req.content_type
             if req.body and ctype == b"application/json":
-                data, model_keys = extract.parse_json_counted(req.body)
+                data, model_scan = extract.parse_json_counted(req.body)
             name = ctx.model_name
             if name is None:
                 if data is not None:
@@ -205,7 +205,7 @@ class ProxyHandler:
                 ctx.extra_headers.append((b"x-flexinfer-maxtokens-clamped", b"%d->%d" % clamped))
                 self.metrics.max_tokens_clamped.labels(view.name).inc()
             elif data is not None and "model" in data:
-                body = extract.rewrite_model(body, data, target, model_keys)
+                body = extract.rewrite_model(body, data, target, model_scan)
             await self.forwarder.forward(req, resp, ctx, view, data, body)
         except FlexInferError as exc:
             self._error(resp, ctx, exc, model_label)

@@ -26,9 +26,9 @@ import yaml
 from flexinfer.operator.app import build_registry
 from flexinfer.operator.config import OperatorSettings
 from flexinfer.operator.context import Operator
+from tests.api.helpers import CRDS
 from tests.kube_emulator import FlexEmulator, KubeEnv, write_kubeconfig
 
-CRDS = Path(__file__).resolve().parents[2] / "crds"
 MODELS = "ai.flexinfer/v1alpha2/models"
 LORAS = "ai.flexinfer/v1alpha2/loraadapters"
 MDS = "ai.flexinfer/v1alpha1/modeldeployments"

@@ -206,6 +206,14 @@ def test_rewrite_splices_without_reencoding() -> None:
     assert out == body.replace(b'"m1"', b'"served/m1"')  # spacing of the rest kept byte for byte
 
 
+def test_rewrite_splices_past_non_ascii_escapes() -> None:
+    # only an escaped spelling of the key itself (\u006...) forces a re-encoding, not \u00e9 in a prompt
+    body = b'{"messages": [{"role": "user", "content": "caf\\u00e9  \\n"}], "model": "m1"}'
+    data = extract.parse_json(body)
+    assert data is not None
+    assert extract.rewrite_model(body, data, "served/m1") == body.replace(b'"m1"', b'"served/m1"')
+
+
 def test_rewrite_falls_back_when_ambiguous() -> None:
     body = b'{"model":"m1","tools":[{"model":"m1"}]}'
     data = extract.parse_json(body)
@@ -225,10 +233,10 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6
 def test_rewrite_property(extra: dict, old: str, new: str, indent: bool) -> None:
     obj = {**extra, "model": old}
     body = json.dumps(obj, indent=2 if indent else None, ensure_ascii=indent).encode()
-    data, keys = extract.parse_json_counted(body)
-    assert data == orjson.loads(body) and keys == body.count(b'"model"')
-    out_bytes = extract.rewrite_model(body, data, new, keys)
-    assert out_bytes == extract.rewrite_model(body, data, new)  # the handed-over count changes nothing
+    data, scan = extract.parse_json_counted(body)
+    assert data == orjson.loads(body) and scan[:2] == (body.count(b'"model"'), body.find(b'"model"'))
+    out_bytes = extract.rewrite_model(body, data, new, scan)
+    assert out_bytes == extract.rewrite_model(body, data, new)  # the handed-over scan changes nothing
     assert orjson.loads(out_bytes) == {**extra, "model": new}
 
 

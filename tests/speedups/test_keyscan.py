@@ -17,19 +17,19 @@ def keyscan(impl: str) -> ModuleType:
 
 
 @pytest.mark.parametrize(("body", "expected"), [
-    (b"", (0, False)),
-    (b'{"model":"m"}', (1, False)),
-    (b'{"model":"a","model":"b"}', (2, False)),
-    (b'"model"model"', (1, False)),  # like bytes.count: occurrences do not overlap
-    (b'{"\\u006dodel":"m"}', (0, True)),
-    (b'{"x":"\\u00e9"}', (0, False)),
-    (b'\\u006', (0, True)),
-    (b'\\u00', (0, False)),
-    (b'"model', (0, False)),
-    (b'x"model"', (1, False)),
-    (b'{"content":"\\"model\\""}', (0, False)),
+    (b"", (0, -1, False)),
+    (b'{"model":"m"}', (1, 1, False)),
+    (b'{"model":"a","model":"b"}', (2, 1, False)),
+    (b'"model"model"', (1, 0, False)),  # like bytes.count: occurrences do not overlap
+    (b'{"\\u006dodel":"m"}', (0, -1, True)),
+    (b'{"x":"\\u00e9"}', (0, -1, False)),
+    (b'\\u006', (0, -1, True)),
+    (b'\\u00', (0, -1, False)),
+    (b'"model', (0, -1, False)),
+    (b'x"model"', (1, 1, False)),
+    (b'{"content":"\\"model\\""}', (0, -1, False)),
 ])
-def test_cases(keyscan: ModuleType, body: bytes, expected: tuple[int, bool]) -> None:
+def test_cases(keyscan: ModuleType, body: bytes, expected: tuple[int, int, bool]) -> None:
     assert keyscan.model_key_scan(body) == expected
 
 
@@ -42,7 +42,7 @@ _PIECES = st.sampled_from([b'"', b"model", b'"model"', b"\\", b"u006", b"\\u006"
 def test_twins_agree(pieces: list[bytes]) -> None:
     body = b"".join(pieces)
     py = load("keyscan", "py").model_key_scan(body)
-    assert py == (body.count(b'"model"'), b"\\u006" in body)
+    assert py == (body.count(b'"model"'), body.find(b'"model"'), b"\\u006" in body)
     try:
         c = load("keyscan", "c")
     except pytest.skip.Exception:

@@ -29,10 +29,10 @@ from flexinfer.cmd.proxy import build_kube
 from flexinfer.http.server import HTTPServer
 from flexinfer.runtime.kube import KubeRuntime, KubeTimings
 from flexinfer.settings import ProxySettings, with_changes
+from tests.api.helpers import CRDS
 from tests.kube_emulator import KubeEnv, kube_fixture  # noqa: F401  (the `kube` fixture)
 from tests.stub_engine import StubEngine
 
-CRDS = Path(__file__).resolve().parents[3] / "crds"
 MODELS = "ai.flexinfer/v1alpha2/models"
 DEPLOYMENTS = "ai.flexinfer/v1alpha1/modeldeployments"
 ADAPTERS = "ai.flexinfer/v1alpha2/loraadapters"
