@@ -8,6 +8,15 @@ types and samples (``_created`` included) as ``prometheus_client`` objects would
 pays a few integer additions and no lock. The rarer series stay ``prometheus_client`` objects.
 Counters of the HTTP core (connections, rejections) are plain integers read at scrape time too, so
 the core never calls into Prometheus.
+Must not: slow the per-request methods (no lock, no Prometheus call, nothing for the sharing
+below), or read the HTTP core beyond its ``ServerStats``.
+
+With ``flexinfer proxy --workers N`` each worker calls :meth:`ProxyMetrics.share_across_workers`
+once after the fork: from then on :meth:`ProxyMetrics.render` answers for the whole machine (counters
+and histograms summed over the workers, never going backwards across scrapes whoever answers;
+``_created`` the minimum; gauges summed or labelled ``worker="<index>"``; the rules and why are in
+:mod:`flexinfer.proxy.workermetrics`) and the server tick calls :meth:`ProxyMetrics.publish`. A
+single process renders its own registry, as before; the per-request methods are the same either way.
 """
 
 from __future__ import annotations
@@ -17,10 +26,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from flexinfer.proxy.workermetrics import Family, Labels, SampleRow, ShareableRegistry, WorkerShare
 
 PREFIX = "flexinfer_proxy"
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -68,29 +79,72 @@ def _cumulative(counts: list[int]) -> list[tuple[str, float]]:
     return out
 
 
+_REQUESTS_HELP = "Requests answered, by model and status code."
+_DURATION_HELP = "Time from request to last byte."
+_TTFB_HELP = "Time from request to the response head sent to the client."
+_IN_FLIGHT_HELP = "Requests being proxied."
+
+
 class _RequestCollector(Collector):
-    """Exports the plain per-request numbers of :class:`ProxyMetrics` at scrape time."""
+    """Exports the plain per-request numbers of :class:`ProxyMetrics` at scrape time; ``rows()``
+    gives the same samples as plain tuples (the cross-worker snapshot, on every publish)."""
 
     def __init__(self, owner: ProxyMetrics) -> None:
         self._owner = owner
+        #: model -> (its labels, its labels with each ``le``): made once per model
+        self._labels: dict[str, tuple[Labels, list[Labels]]] = {}
+        self._request_labels: dict[tuple[str, int], Labels] = {}
 
     def collect(self) -> Iterator[Any]:
         owner = self._owner
-        requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests answered, by model and status code.",
-                                       labels=["model", "code"])
+        requests = CounterMetricFamily(f"{PREFIX}_requests", _REQUESTS_HELP, labels=["model", "code"])
         for (model, code), n in list(owner._requests.items()):
             requests.add_metric([model, str(code)], n, created=owner._requests_created[(model, code)])
         yield requests
         models = list(owner._models.items())
-        yield _histogram(f"{PREFIX}_request_duration_seconds", "Time from request to last byte.",
+        yield _histogram(f"{PREFIX}_request_duration_seconds", _DURATION_HELP,
                          [(m, st.duration, st.duration_sum, st.created) for m, st in models])
-        yield _histogram(f"{PREFIX}_time_to_first_byte_seconds",
-                         "Time from request to the response head sent to the client.",
+        yield _histogram(f"{PREFIX}_time_to_first_byte_seconds", _TTFB_HELP,
                          [(m, st.ttfb, st.ttfb_sum, st.created) for m, st in models])
-        g = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Requests being proxied.", labels=["model"])
+        g = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", _IN_FLIGHT_HELP, labels=["model"])
         for m, st in models:
             g.add_metric([m], st.in_flight)
         yield g
+
+    def rows(self) -> list[Family]:
+        owner = self._owner
+        name = f"{PREFIX}_requests"
+        total, created = f"{name}_total", f"{name}_created"
+        cache = self._request_labels
+        req: list[SampleRow] = []
+        when = owner._requests_created
+        for key, n in list(owner._requests.items()):
+            labels = cache.get(key)
+            if labels is None:
+                labels = cache[key] = (("model", key[0]), ("code", str(key[1])))
+            req.append((total, labels, n))
+            req.append((created, labels, when[key]))
+        models = list(owner._models.items())
+        labelled = [(st, self._model_labels(m)) for m, st in models]
+        duration: list[SampleRow] = []
+        ttfb: list[SampleRow] = []
+        in_flight: list[SampleRow] = []
+        dname, tname = f"{PREFIX}_request_duration_seconds", f"{PREFIX}_time_to_first_byte_seconds"
+        for st, (labels, les) in labelled:
+            _histogram_rows(duration, dname, labels, les, st.duration, st.duration_sum, st.created)
+            _histogram_rows(ttfb, tname, labels, les, st.ttfb, st.ttfb_sum, st.created)
+            in_flight.append((f"{PREFIX}_requests_in_flight", labels, st.in_flight))
+        return [(name, "counter", _REQUESTS_HELP, "", req),
+                (dname, "histogram", _DURATION_HELP, "", duration),
+                (tname, "histogram", _TTFB_HELP, "", ttfb),
+                (f"{PREFIX}_requests_in_flight", "gauge", _IN_FLIGHT_HELP, "", in_flight)]
+
+    def _model_labels(self, model: str) -> tuple[Labels, list[Labels]]:
+        got = self._labels.get(model)
+        if got is None:
+            labels: Labels = (("model", model),)
+            got = self._labels[model] = (labels, [(("model", model), ("le", le)) for le in _LATENCY_LE])
+        return got
 
 
 def _histogram(name: str, doc: str, series: list[tuple[str, list[int], float, float]]) -> HistogramMetricFamily:
@@ -99,6 +153,18 @@ def _histogram(name: str, doc: str, series: list[tuple[str, list[int], float, fl
         h.add_metric([model], _cumulative(counts), total)
         h.add_sample(f"{name}_created", {"model": model}, created)
     return h
+
+
+def _histogram_rows(out: list[SampleRow], name: str, labels: Labels, les: list[Labels], counts: list[int],
+                    total: float, created: float) -> None:
+    bucket = f"{name}_bucket"
+    n = 0
+    for le_labels, c in zip(les, counts, strict=True):
+        n += c
+        out.append((bucket, le_labels, n))
+    out.append((f"{name}_count", labels, n))
+    out.append((f"{name}_sum", labels, total))
+    out.append((f"{name}_created", labels, created))
 
 
 class _ServerCollector(Collector):
@@ -128,7 +194,7 @@ class ProxyMetrics:
     """The proxy's metrics; ``render()`` gives the Prometheus text exposition."""
 
     def __init__(self) -> None:
-        self.registry = reg = CollectorRegistry(auto_describe=True)
+        self.registry = reg = ShareableRegistry(auto_describe=True)
         self._requests: dict[tuple[str, int], int] = {}
         self._requests_created: dict[tuple[str, int], float] = {}
         self._models: dict[str, ModelStats] = {}
@@ -159,6 +225,7 @@ class ProxyMetrics:
                                              buckets=QUEUE_BUCKETS, registry=reg)
         self._stats_source: Callable[[], Any] = lambda: None
         reg.register(_ServerCollector(lambda: self._stats_source()))
+        self._share: WorkerShare | None = None
 
     def bind_server_stats(self, source: Callable[[], Any]) -> None:
         self._stats_source = source
@@ -179,5 +246,24 @@ class ProxyMetrics:
             n = 0
         self._requests[key] = n + 1
 
+    def share_across_workers(self, directory: str, index: int, count: int) -> None:
+        """Make :meth:`render` answer for all ``count`` workers of this machine, this one being
+        ``index``; the snapshots live in ``directory`` (private to the machine, kept while it runs).
+        Call once in the worker after the fork, before serving; a snapshot left in ``directory`` by
+        a dead worker of the same index becomes the base this one's counters continue from."""
+        if self._share is not None:
+            raise RuntimeError("metrics already shared across workers")
+        self._share = WorkerShare(self.registry, directory, index, count)
+
+    def publish(self, force: bool = False) -> None:
+        """Publish this worker's snapshot for the other workers' scrapes: the server tick calls it
+        (it writes at most once per ``workermetrics.PUBLISH_INTERVAL``, 1 s, unless ``force``);
+        nothing when not shared. :meth:`render` publishes by itself."""
+        if self._share is not None:
+            self._share.publish(force)
+
     def render(self) -> bytes:
+        """The Prometheus text exposition: this process's, or the machine's when shared."""
+        if self._share is not None:
+            return self._share.render()
         return generate_latest(self.registry)

@@ -1,12 +1,18 @@
 """The per-request series kept as plain numbers export exactly what prometheus_client objects with
-the same names, labels and buckets would (``_created`` values aside)."""
+the same names, labels and buckets would (``_created`` values aside); their plain rows (the
+cross-worker snapshot) are what they collect; the cross-worker text writer writes what
+prometheus_client writes."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from flexinfer.proxy import workermetrics
 from flexinfer.proxy.metrics import LATENCY_BUCKETS, PREFIX, ProxyMetrics
 
 
@@ -56,3 +62,37 @@ def test_plain_series_match_prometheus_client() -> None:
     got = _section(m.render().decode(), names)
     assert got == want
     assert 'flexinfer_proxy_requests_total{code="200",model="a"} 2.0' in got
+    parsed = {f.name: f.type for f in text_string_to_metric_families(m.render().decode())}
+    assert parsed[f"{PREFIX}_requests"] == "counter"
+    assert parsed[f"{PREFIX}_request_duration_seconds"] == "histogram"
+    assert parsed[f"{PREFIX}_requests_in_flight"] == "gauge"
+
+
+def test_a_single_shared_worker_renders_exactly_what_prometheus_client_does(tmp_path: Path) -> None:
+    m = ProxyMetrics()
+    for model in ("a", 'q"uo\\te\nnl', "ünï"):
+        m.count(model, 200)
+        m.model(model).observe_duration(0.01)
+        m.model(model).observe_ttfb(1e-7)
+        m.rate_limited.labels(model, "global").inc()
+        m.queue_wait.labels(model).observe(2e6)
+    m.model("a").duration_sum = 12345678.5  # a value that floatToGoString writes with an exponent
+    m.upstream_errors.labels("timeout").inc()
+    m.bind_server_stats(lambda: SimpleNamespace(connections_active=1, connections_total=2, rejections={}))
+    want = generate_latest(m.registry)
+    assert m.render() == want
+    m.share_across_workers(str(tmp_path), 0, 1)
+    assert m.render() == want
+    assert b"e+07" in want and b'q\\"uo\\\\te\\nnl' in want
+
+
+def test_rows_are_what_collect_gives(tmp_path: Path) -> None:
+    m = ProxyMetrics()
+    m.count("a", 200)
+    m.count("", 404)
+    m.model("a").observe_duration(0.4)
+    m.model("a").in_flight = 2
+    m.model("idle")
+    m.routing_decisions.labels("a", "least_loaded", "none").inc()
+    assert m.registry.rows() == workermetrics.rows_of(workermetrics._Plain(m.registry))
+    assert m.registry.rows() == workermetrics.rows_of(workermetrics._Plain(m.registry))  # the label caches

@@ -1,0 +1,380 @@
+"""One /metrics for the N worker processes of ``flexinfer proxy --workers N``.
+
+Owns: :class:`WorkerShare` (the snapshot file of one worker, ``<dir>/worker-<index>.snap``, the base
+a restarted worker adopts, the merge of the workers' snapshots), :class:`ShareableRegistry` (a
+registry whose collectors may hand their samples over as plain rows), the merge rules below and a
+text-format writer that gives what ``prometheus_client.generate_latest`` gives for the same samples.
+Must not: define metrics (``metrics.py`` does), touch the per-request path (it runs on the tick and
+on a scrape only), start threads or timers (the owner calls :meth:`WorkerShare.publish`), or make or
+remove the directory's lifetime (the supervisor makes it and removes it when the machine stops).
+
+How it works. Every worker publishes a snapshot of everything its registry collects (families with
+type, help, unit and samples) to its own file: marshal into a temp file, then ``os.replace``, so a
+reader sees a whole old or a whole new snapshot. It publishes on the server tick (at most once per
+:data:`PUBLISH_INTERVAL`) and, always, right before it answers a scrape; answering a scrape merges
+its fresh snapshot with the other workers' latest files.
+
+Merge rules (per family, by its type):
+
+- ``counter``, ``histogram``, ``summary``: every sample (``_total``, ``_bucket``, ``_count``,
+  ``_sum``) is the sum over the workers; ``_created`` is the minimum.
+- ``gauge`` named in :data:`SUMMED_GAUGES` (requests in flight, connections active, queue depth):
+  the sum over the workers that are alive.
+- any other gauge (and ``info``, ``stateset``, ``unknown``...): one series per worker, with a
+  ``worker="<index>"`` label, for the workers that are alive. A gauge states something of *one*
+  worker (say, "Redis degraded") unless it is declared a sum here.
+
+A worker is alive while its process exists (``os.kill(pid, 0)``). A dead worker's counters stay in
+the sums (its file stays); its gauges leave them (its requests in flight are gone).
+
+Why a scrape never goes backwards, whoever answers: a worker's published values only grow, and a
+worker publishes before it answers, so the next scrape (answered by anyone) reads from every worker
+a snapshot at least as new as the one the previous scrape used. Sums are added in worker-index
+order whoever answers, so float sums (``_sum``) are monotonic too (rounded addition is monotonic in
+each term). Restart: a restarted worker (same index, fresh counters) adopts the snapshot it finds for
+its index as a base; its counters, histograms and ``_created`` continue from there (gauges do not
+carry over). Increments between a dead worker's last publish and its death are lost (at most one
+tick); nothing a scrape has shown is lost, since a worker publishes before it answers.
+
+Timestamps and exemplars of samples are not carried (the proxy sets none). Labels keep the order
+their collector gives (the same code in every worker); the writer sorts them, as prometheus_client
+does. The directory must be private to the machine's processes (``tempfile.mkdtemp`` makes it
+0700): marshal is fast and exact, not meant for data from strangers. One live process per index.
+Nothing is fsync'ed: the files are for the processes of this machine, not for a reboot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import marshal
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["PUBLISH_INTERVAL", "SUMMED_GAUGES", "SUMMED_TYPES", "Family", "RowCollector",
+           "ShareableRegistry", "Snapshot", "TextWriter", "WorkerShare", "merge", "read_snapshot", "rows_of"]
+
+log = logging.getLogger("flexinfer.proxy.metrics")
+
+#: Gauge families whose machine-wide value is the sum over the workers.
+SUMMED_GAUGES = frozenset({
+    "flexinfer_proxy_requests_in_flight",
+    "flexinfer_proxy_active_connections",
+    "flexinfer_proxy_queue_depth",
+})
+#: Family types whose samples add up over the workers (``_created`` aside: the minimum).
+SUMMED_TYPES = frozenset({"counter", "histogram", "summary"})
+#: The tick's publish writes at most this often (the tick runs faster when tests scale timeouts).
+PUBLISH_INTERVAL = 1.0
+
+_VERSION = 1
+
+Labels = tuple[tuple[str, str], ...]
+#: (sample name, label pairs, value)
+SampleRow = tuple[str, Labels, float]
+#: (family name, type, help, unit, samples)
+Family = tuple[str, str, str, str, list[SampleRow]]
+
+
+@runtime_checkable
+class RowCollector(Protocol):
+    """A collector that can give its samples as plain rows, the same ones ``collect()`` gives,
+    without building ``Metric`` objects (cheaper on every publish)."""
+
+    def rows(self) -> list[Family]: ...
+
+
+def rows_of(collector: Collector) -> list[Family]:
+    """What ``collector.collect()`` gives, as rows."""
+    if isinstance(collector, RowCollector):
+        return collector.rows()
+    return [(m.name, m.type, m.documentation, m.unit,
+             [(s.name, tuple(s.labels.items()), s.value) for s in m.samples])
+            for m in collector.collect()]
+
+
+class ShareableRegistry(CollectorRegistry):
+    """A ``CollectorRegistry`` that remembers its collectors, so that :meth:`rows` takes the cheap
+    ``rows()`` of those that offer one (:class:`RowCollector`) and converts the others."""
+
+    def __init__(self, auto_describe: bool = False) -> None:
+        self._in_order: list[Collector] = []
+        super().__init__(auto_describe=auto_describe)
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        self._in_order.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        self._in_order.remove(collector)
+
+    def rows(self) -> list[Family]:
+        if self.get_target_info() is not None:
+            return rows_of(_Plain(self))
+        out: list[Family] = []
+        for collector in list(self._in_order):
+            out.extend(rows_of(collector))
+        return out
+
+
+class _Plain(Collector):
+    """``collect()`` only (so that :func:`rows_of` converts it)."""
+
+    def __init__(self, inner: Collector) -> None:
+        self._inner = inner
+
+    def collect(self) -> Iterable[Any]:
+        return self._inner.collect()
+
+
+class Snapshot:
+    """What one worker published: its index and pid, when, and its families."""
+
+    __slots__ = ("families", "index", "pid", "time")
+
+    def __init__(self, index: int, pid: int, when: float, families: list[Family]) -> None:
+        self.index = index
+        self.pid = pid
+        self.time = when
+        self.families = families
+
+    def encode(self) -> bytes:
+        return marshal.dumps((_VERSION, self.index, self.pid, self.time, self.families))
+
+    @classmethod
+    def decode(cls, data: bytes) -> Snapshot:
+        version, index, pid, when, families = marshal.loads(data)
+        if version != _VERSION:
+            raise ValueError(f"snapshot version {version!r}")
+        return cls(index, pid, when, families)
+
+
+class _Merged:
+    """Families being merged, in first-seen order."""
+
+    __slots__ = ("families",)
+
+    def __init__(self) -> None:
+        #: name -> (type, help, unit, {(sample name, labels): value})
+        self.families: dict[str, tuple[str, str, str, dict[tuple[str, Labels], float]]] = {}
+
+    def fold(self, families: Iterable[Family], *, worker: str | None, gauges: bool) -> None:
+        """Add one worker's families: summed types add up (``_created``: the minimum); gauges are
+        summed (when ``worker`` is None or the family is a summed gauge), labelled
+        ``worker=<worker>`` otherwise, or left out when ``gauges`` is false (the header stays)."""
+        known = self.families
+        for name, typ, doc, unit, samples in families:
+            fam = known.get(name)
+            if fam is None:
+                fam = known[name] = (typ, doc, unit, {})
+            values = fam[3]
+            if fam[0] in SUMMED_TYPES:
+                created = name + "_created"
+                for sname, labels, v in samples:
+                    key = (sname, labels)
+                    old = values.get(key)
+                    if old is None:
+                        values[key] = v
+                    elif sname == created:
+                        if v < old:
+                            values[key] = v
+                    else:
+                        values[key] = old + v
+            elif not gauges:
+                continue
+            elif worker is None or name in SUMMED_GAUGES:
+                for sname, labels, v in samples:
+                    key = (sname, labels)
+                    old = values.get(key)
+                    values[key] = v if old is None else old + v
+            else:
+                tag = ("worker", worker)
+                for sname, labels, v in samples:
+                    values[(sname, (*labels, tag))] = v
+
+    def rows(self) -> list[Family]:
+        return [(name, typ, doc, unit, [(s, labels, v) for (s, labels), v in values.items()])
+                for name, (typ, doc, unit, values) in self.families.items()]
+
+
+def _value(v: float) -> str:
+    if -1e6 < v < 1e6:  # repr has at most 6 digits before the dot: floatToGoString is repr then
+        return repr(float(v))
+    return floatToGoString(v)
+
+
+_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
+_TYPE_RENAME = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
+
+
+class TextWriter:
+    """The Prometheus text format (0.0.4) of rows, line for line what ``generate_latest`` writes
+    for the same samples; keeps each series' name-and-labels prefix (series are few and live long)."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[tuple[str, Labels], str] = {}
+
+    def _prefix(self, key: tuple[str, Labels]) -> str:
+        sname, labels = key
+        name = escape_metric_name(sname)
+        if not labels:
+            p = f"{name} "
+        else:
+            inner = ",".join(
+                '{}="{}"'.format(escape_label_name(k),
+                                 v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
+                for k, v in sorted(labels))
+            p = f"{name}{{{inner}}} "
+        self._prefixes[key] = p
+        return p
+
+    def write(self, families: Iterable[tuple[str, str, str, Iterable[tuple[tuple[str, Labels], float]]]]) -> bytes:
+        prefixes = self._prefixes
+        out: list[str] = []
+        for name, typ, doc, samples in families:
+            mname = name + "_total" if typ == "counter" else name + "_info" if typ == "info" else name
+            doc = doc.replace("\\", r"\\").replace("\n", r"\n")
+            ename = escape_metric_name(mname)
+            out.append(f"# HELP {ename} {doc}\n# TYPE {ename} {_TYPE_RENAME.get(typ, typ)}\n")
+            om: dict[str, list[str]] | None = None
+            for key, v in samples:
+                p = prefixes.get(key) or self._prefix(key)
+                sname = key[0]
+                if sname.startswith(name) and sname[len(name):] in _OM_SUFFIXES:
+                    if om is None:
+                        om = {}
+                    om.setdefault(sname[len(name):], []).append(f"{p}{_value(v)}\n")
+                else:
+                    out.append(f"{p}{_value(v)}\n")
+            if om:
+                for suffix, lines in sorted(om.items()):
+                    e = escape_metric_name(name + suffix)
+                    out.append(f"# HELP {e} {doc}\n# TYPE {e} gauge\n")
+                    out.extend(lines)
+        return "".join(out).encode("utf-8")
+
+
+def merge(snapshots: Iterable[Snapshot], alive: Iterable[bool] | None = None,
+          writer: TextWriter | None = None) -> bytes:
+    """The text exposition of ``snapshots`` merged by the rules of this module, added in the order
+    given (pass them by worker index). ``alive`` (one per snapshot; all alive when omitted) says
+    whose gauges count."""
+    snaps = list(snapshots)
+    live = list(alive) if alive is not None else [True] * len(snaps)
+    acc = _Merged()
+    for snap, ok in zip(snaps, live, strict=True):
+        acc.fold(snap.families, worker=str(snap.index), gauges=ok)
+    return (writer or TextWriter()).write(
+        (name, typ, doc, values.items()) for name, (typ, doc, _unit, values) in acc.families.items())
+
+
+def read_snapshot(path: str) -> Snapshot | None:
+    """The snapshot in ``path``; None when there is none (or it cannot be read: logged)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return Snapshot.decode(data)
+    except (ValueError, EOFError, TypeError) as exc:
+        log.warning("metrics snapshot %s unreadable (%s): left out", path, exc)
+        return None
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkerShare:
+    """Worker ``index`` of ``count``: publishes its snapshot to ``directory``, merges all of them.
+
+    Made after the fork, before serving. A snapshot already there for ``index`` (left by a dead
+    predecessor) becomes the base this worker's summed families start from; the first snapshot is
+    written at once (so the predecessor's gauges leave the view now).
+    """
+
+    def __init__(self, collector: Collector, directory: str, index: int, count: int) -> None:
+        if not 0 <= index < count:
+            raise ValueError(f"worker index {index} not in 0..{count - 1}")
+        self.collector = collector
+        self.index = index
+        self.count = count
+        self.paths = [os.path.join(directory, f"worker-{i}.snap") for i in range(count)]
+        self.path = self.paths[index]
+        self._tmp = f"{self.path}.tmp.{os.getpid()}"
+        self._failing = False
+        self._writer = TextWriter()
+        os.makedirs(directory, exist_ok=True)
+        stale = os.path.basename(self.path) + ".tmp."
+        for name in os.listdir(directory):  # a predecessor killed mid-publish
+            if name.startswith(stale):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+        base = read_snapshot(self.path)
+        #: the predecessor's summed families (its gauges dropped): what this worker's add to
+        self.base: list[Family] = [f for f in base.families if f[1] in SUMMED_TYPES] if base else []
+        self._published_at = 0.0
+        self.last = self.publish(force=True)
+
+    def _rows(self) -> list[Family]:
+        rows = self.collector.rows() if isinstance(self.collector, ShareableRegistry) else rows_of(self.collector)
+        if not self.base:
+            return rows
+        acc = _Merged()
+        acc.fold(self.base, worker=None, gauges=False)
+        acc.fold(rows, worker=None, gauges=True)
+        return acc.rows()
+
+    def publish(self, force: bool = False) -> Snapshot:
+        """Write this worker's snapshot (temp file + atomic replace) and return it; unless
+        ``force``, only when the last one is :data:`PUBLISH_INTERVAL` old (else the last one is
+        returned). An OSError is logged once (and its end once); the snapshot is still returned."""
+        now = time.monotonic()
+        if not force and now - self._published_at < PUBLISH_INTERVAL:
+            return self.last
+        self._published_at = now
+        snap = Snapshot(self.index, os.getpid(), time.time(), self._rows())
+        try:
+            with open(self._tmp, "wb") as f:
+                f.write(snap.encode())
+            os.replace(self._tmp, self.path)
+        except OSError as exc:
+            if not self._failing:
+                self._failing = True
+                log.warning("metrics snapshot %s not written (%s): other workers' scrapes lag", self.path, exc)
+        else:
+            if self._failing:
+                self._failing = False
+                log.warning("metrics snapshot %s written again", self.path)
+        self.last = snap
+        return snap
+
+    def snapshots(self) -> Iterator[tuple[Snapshot, bool]]:
+        """Every worker's latest snapshot (this one's as last published) and whether it is alive."""
+        for i, path in enumerate(self.paths):
+            snap = self.last if i == self.index else read_snapshot(path)
+            if snap is not None:
+                yield snap, _alive(snap.pid)
+
+    def render(self) -> bytes:
+        """Publish now, then the merged text of every worker's latest snapshot."""
+        self.publish(force=True)
+        pairs = list(self.snapshots())
+        return merge([s for s, _ in pairs], [a for _, a in pairs], self._writer)
