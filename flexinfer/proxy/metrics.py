@@ -246,19 +246,23 @@ class ProxyMetrics:
             n = 0
         self._requests[key] = n + 1
 
-    def share_across_workers(self, directory: str, index: int, count: int) -> None:
+    def share_across_workers(self, directory: str, index: int, count: int, *,
+                             publish_interval: float | None = None) -> None:
         """Make :meth:`render` answer for all ``count`` workers of this machine, this one being
         ``index``; the snapshots live in ``directory`` (private to the machine, kept while it runs).
         Call once in the worker after the fork, before serving; a snapshot left in ``directory`` by
-        a dead worker of the same index becomes the base this one's counters continue from."""
+        a dead worker of the same index becomes the base this one's counters continue from.
+        ``publish_interval`` (default ``workermetrics.PUBLISH_INTERVAL``, 1 s) bounds how often
+        :meth:`publish` writes: longer costs less, and only delays what the other workers' scrapes
+        show of this one (and what a crash loses), never the monotonic view."""
         if self._share is not None:
             raise RuntimeError("metrics already shared across workers")
-        self._share = WorkerShare(self.registry, directory, index, count)
+        self._share = WorkerShare(self.registry, directory, index, count, publish_interval)
 
     def publish(self, force: bool = False) -> None:
         """Publish this worker's snapshot for the other workers' scrapes: the server tick calls it
-        (it writes at most once per ``workermetrics.PUBLISH_INTERVAL``, 1 s, unless ``force``);
-        nothing when not shared. :meth:`render` publishes by itself."""
+        (it writes at most once per publish interval unless ``force``; nothing when not shared).
+        :meth:`render` publishes by itself."""
         if self._share is not None:
             self._share.publish(force)
 

@@ -2,17 +2,17 @@
 
 Owns: :class:`WorkerShare` (the snapshot file of one worker, ``<dir>/worker-<index>.snap``, the base
 a restarted worker adopts, the merge of the workers' snapshots), :class:`ShareableRegistry` (a
-registry whose collectors may hand their samples over as plain rows), the merge rules below and a
-text-format writer that gives what ``prometheus_client.generate_latest`` gives for the same samples.
+registry whose collectors may hand their samples over as plain rows), the merge rules below, and
+:class:`TextWriter` (writes what ``prometheus_client.generate_latest`` writes for the same samples).
 Must not: define metrics (``metrics.py`` does), touch the per-request path (it runs on the tick and
-on a scrape only), start threads or timers (the owner calls :meth:`WorkerShare.publish`), or make or
-remove the directory's lifetime (the supervisor makes it and removes it when the machine stops).
+on a scrape only), start threads or timers (the owner calls :meth:`WorkerShare.publish`), or make
+or remove the directory (the supervisor makes it before the fork and removes it at the end).
 
 How it works. Every worker publishes a snapshot of everything its registry collects (families with
 type, help, unit and samples) to its own file: marshal into a temp file, then ``os.replace``, so a
 reader sees a whole old or a whole new snapshot. It publishes on the server tick (at most once per
-:data:`PUBLISH_INTERVAL`) and, always, right before it answers a scrape; answering a scrape merges
-its fresh snapshot with the other workers' latest files.
+publish interval: :data:`PUBLISH_INTERVAL`, 1 s, unless told otherwise) and, always, right before
+it answers a scrape; answering a scrape merges its fresh snapshot with the others' latest files.
 
 Merge rules (per family, by its type):
 
@@ -24,17 +24,21 @@ Merge rules (per family, by its type):
   ``worker="<index>"`` label, for the workers that are alive. A gauge states something of *one*
   worker (say, "Redis degraded") unless it is declared a sum here.
 
-A worker is alive while its process exists (``os.kill(pid, 0)``). A dead worker's counters stay in
-the sums (its file stays); its gauges leave them (its requests in flight are gone).
+A worker is alive while its process exists (``os.kill(pid, 0)``; the supervisor reaps its
+children; a recycled pid keeps a dead worker's gauges only until its slot's successor starts, which
+publishes at once). A dead worker's counters stay in the sums (its file stays); its gauges leave
+them (its requests in flight are gone).
 
 Why a scrape never goes backwards, whoever answers: a worker's published values only grow, and a
 worker publishes before it answers, so the next scrape (answered by anyone) reads from every worker
 a snapshot at least as new as the one the previous scrape used. Sums are added in worker-index
 order whoever answers, so float sums (``_sum``) are monotonic too (rounded addition is monotonic in
-each term). Restart: a restarted worker (same index, fresh counters) adopts the snapshot it finds for
-its index as a base; its counters, histograms and ``_created`` continue from there (gauges do not
-carry over). Increments between a dead worker's last publish and its death are lost (at most one
-tick); nothing a scrape has shown is lost, since a worker publishes before it answers.
+each term). Restart: a restarted worker (same index, fresh counters) adopts the snapshot it finds
+for its index as a base; its counters, histograms and ``_created`` continue from there (gauges do
+not carry over). Increments between a dead worker's last publish and its death are lost (at most
+one publish interval); nothing a scrape has shown is lost, since a worker publishes before it
+answers. A worker that cannot write its file (disk full) shows itself, in its own scrapes too, as
+of its last written snapshot (logged once), so the view stays the same whoever answers.
 
 Timestamps and exemplars of samples are not carried (the proxy sets none). Labels keep the order
 their collector gives (the same code in every worker); the writer sorts them, as prometheus_client
@@ -51,15 +55,15 @@ import marshal
 import os
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["PUBLISH_INTERVAL", "SUMMED_GAUGES", "SUMMED_TYPES", "Family", "RowCollector",
-           "ShareableRegistry", "Snapshot", "TextWriter", "WorkerShare", "merge", "read_snapshot", "rows_of"]
+__all__ = ["PUBLISH_INTERVAL", "SUMMED_GAUGES", "SUMMED_TYPES", "Family", "RowCollector", "ShareableRegistry",
+           "Snapshot", "TextWriter", "WorkerShare", "collected_rows", "merge", "read_snapshot", "rows_of"]
 
 log = logging.getLogger("flexinfer.proxy.metrics")
 
@@ -81,6 +85,8 @@ Labels = tuple[tuple[str, str], ...]
 SampleRow = tuple[str, Labels, float]
 #: (family name, type, help, unit, samples)
 Family = tuple[str, str, str, str, list[SampleRow]]
+#: (family name, type, help, ((sample name, labels), value)...): what :class:`TextWriter` writes
+TextFamily = tuple[str, str, str, Iterable[tuple[tuple[str, Labels], float]]]
 
 
 @runtime_checkable
@@ -91,13 +97,18 @@ class RowCollector(Protocol):
     def rows(self) -> list[Family]: ...
 
 
-def rows_of(collector: Collector) -> list[Family]:
+def collected_rows(collector: Collector) -> list[Family]:
     """What ``collector.collect()`` gives, as rows."""
-    if isinstance(collector, RowCollector):
-        return collector.rows()
     return [(m.name, m.type, m.documentation, m.unit,
              [(s.name, tuple(s.labels.items()), s.value) for s in m.samples])
             for m in collector.collect()]
+
+
+def rows_of(collector: Collector) -> list[Family]:
+    """What ``collector.collect()`` gives, as rows: its own ``rows()`` when it has one."""
+    if isinstance(collector, RowCollector):
+        return collector.rows()
+    return collected_rows(collector)
 
 
 class ShareableRegistry(CollectorRegistry):
@@ -118,21 +129,11 @@ class ShareableRegistry(CollectorRegistry):
 
     def rows(self) -> list[Family]:
         if self.get_target_info() is not None:
-            return rows_of(_Plain(self))
+            return collected_rows(self)
         out: list[Family] = []
         for collector in list(self._in_order):
             out.extend(rows_of(collector))
         return out
-
-
-class _Plain(Collector):
-    """``collect()`` only (so that :func:`rows_of` converts it)."""
-
-    def __init__(self, inner: Collector) -> None:
-        self._inner = inner
-
-    def collect(self) -> Iterable[Any]:
-        return self._inner.collect()
 
 
 class Snapshot:
@@ -236,7 +237,8 @@ class TextWriter:
         self._prefixes[key] = p
         return p
 
-    def write(self, families: Iterable[tuple[str, str, str, Iterable[tuple[tuple[str, Labels], float]]]]) -> bytes:
+    def write(self, families: Iterable[TextFamily]) -> bytes:
+        """The text of ``(name, type, help, ((sample name, labels), value)...)`` families."""
         prefixes = self._prefixes
         out: list[str] = []
         for name, typ, doc, samples in families:
@@ -277,7 +279,8 @@ def merge(snapshots: Iterable[Snapshot], alive: Iterable[bool] | None = None,
 
 
 def read_snapshot(path: str) -> Snapshot | None:
-    """The snapshot in ``path``; None when there is none (or it cannot be read: logged)."""
+    """The snapshot in ``path``; None when there is none. Raises ``ValueError`` (or ``OSError``)
+    when there is one that cannot be read."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -285,9 +288,8 @@ def read_snapshot(path: str) -> Snapshot | None:
         return None
     try:
         return Snapshot.decode(data)
-    except (ValueError, EOFError, TypeError) as exc:
-        log.warning("metrics snapshot %s unreadable (%s): left out", path, exc)
-        return None
+    except (EOFError, TypeError) as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _alive(pid: int) -> bool:
@@ -310,16 +312,20 @@ class WorkerShare:
     written at once (so the predecessor's gauges leave the view now).
     """
 
-    def __init__(self, collector: Collector, directory: str, index: int, count: int) -> None:
+    def __init__(self, collector: Collector, directory: str, index: int, count: int,
+                 interval: float | None = None) -> None:
         if not 0 <= index < count:
             raise ValueError(f"worker index {index} not in 0..{count - 1}")
         self.collector = collector
+        #: the least time between two unforced publishes
+        self.interval = PUBLISH_INTERVAL if interval is None else interval
         self.index = index
         self.count = count
         self.paths = [os.path.join(directory, f"worker-{i}.snap") for i in range(count)]
         self.path = self.paths[index]
         self._tmp = f"{self.path}.tmp.{os.getpid()}"
         self._failing = False
+        self._unreadable: set[str] = set()
         self._writer = TextWriter()
         os.makedirs(directory, exist_ok=True)
         stale = os.path.basename(self.path) + ".tmp."
@@ -327,14 +333,15 @@ class WorkerShare:
             if name.startswith(stale):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(directory, name))
-        base = read_snapshot(self.path)
+        base = self._read(self.path)
         #: the predecessor's summed families (its gauges dropped): what this worker's add to
         self.base: list[Family] = [f for f in base.families if f[1] in SUMMED_TYPES] if base else []
         self._published_at = 0.0
-        self.last = self.publish(force=True)
+        self.last: Snapshot | None = None
+        self.publish(force=True)
 
     def _rows(self) -> list[Family]:
-        rows = self.collector.rows() if isinstance(self.collector, ShareableRegistry) else rows_of(self.collector)
+        rows = rows_of(self.collector)
         if not self.base:
             return rows
         acc = _Merged()
@@ -342,12 +349,12 @@ class WorkerShare:
         acc.fold(rows, worker=None, gauges=True)
         return acc.rows()
 
-    def publish(self, force: bool = False) -> Snapshot:
-        """Write this worker's snapshot (temp file + atomic replace) and return it; unless
-        ``force``, only when the last one is :data:`PUBLISH_INTERVAL` old (else the last one is
-        returned). An OSError is logged once (and its end once); the snapshot is still returned."""
+    def publish(self, force: bool = False) -> Snapshot | None:
+        """Write this worker's snapshot (temp file + atomic replace); unless ``force``, only when
+        the last write is :attr:`interval` old. Returns the last snapshot that made it to the file
+        (None before the first). An OSError is logged once (and its end once)."""
         now = time.monotonic()
-        if not force and now - self._published_at < PUBLISH_INTERVAL:
+        if not force and now - self._published_at < self.interval:
             return self.last
         self._published_at = now
         snap = Snapshot(self.index, os.getpid(), time.time(), self._rows())
@@ -358,20 +365,35 @@ class WorkerShare:
         except OSError as exc:
             if not self._failing:
                 self._failing = True
-                log.warning("metrics snapshot %s not written (%s): other workers' scrapes lag", self.path, exc)
-        else:
-            if self._failing:
-                self._failing = False
-                log.warning("metrics snapshot %s written again", self.path)
+                log.warning("metrics snapshot %s not written (%s): the machine's scrapes show this "
+                            "worker as of its last snapshot", self.path, exc)
+            return self.last
+        if self._failing:
+            self._failing = False
+            log.warning("metrics snapshot %s written again", self.path)
         self.last = snap
         return snap
 
     def snapshots(self) -> Iterator[tuple[Snapshot, bool]]:
-        """Every worker's latest snapshot (this one's as last published) and whether it is alive."""
+        """Every worker's latest snapshot and whether it is alive; this worker's is the last one
+        it wrote (what the other workers read too, so a failed write cannot make the next scrape,
+        answered by another worker, go backwards)."""
         for i, path in enumerate(self.paths):
-            snap = self.last if i == self.index else read_snapshot(path)
+            snap = self.last if i == self.index else self._read(path)
             if snap is not None:
                 yield snap, _alive(snap.pid)
+
+    def _read(self, path: str) -> Snapshot | None:
+        """:func:`read_snapshot`, an unreadable one left out (logged once while it stays so)."""
+        try:
+            snap = read_snapshot(path)
+        except (OSError, ValueError) as exc:
+            if path not in self._unreadable:
+                self._unreadable.add(path)
+                log.warning("metrics snapshot %s unreadable (%s): left out", path, exc)
+            return None
+        self._unreadable.discard(path)
+        return snap
 
     def render(self) -> bytes:
         """Publish now, then the merged text of every worker's latest snapshot."""

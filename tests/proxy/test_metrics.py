@@ -94,5 +94,5 @@ def test_rows_are_what_collect_gives(tmp_path: Path) -> None:
     m.model("a").in_flight = 2
     m.model("idle")
     m.routing_decisions.labels("a", "least_loaded", "none").inc()
-    assert m.registry.rows() == workermetrics.rows_of(workermetrics._Plain(m.registry))
-    assert m.registry.rows() == workermetrics.rows_of(workermetrics._Plain(m.registry))  # the label caches
+    assert m.registry.rows() == workermetrics.collected_rows(m.registry)
+    assert m.registry.rows() == workermetrics.collected_rows(m.registry)  # the label caches

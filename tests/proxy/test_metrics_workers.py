@@ -91,7 +91,8 @@ def test_counts_add_histograms_merge_created_is_min_gauges_sum_or_carry_the_work
     assert value(got, REQ, model="b", code="404") == 1
     assert value(got, f"{PREFIX}_upstream_errors_total", reason="refused") == 4
     created = f"{PREFIX}_requests_created"
-    assert value(got, created, model="a", code="200") == min(value(o, created, model="a", code="200") for o in own)
+    firsts = [value(o, created, model="a", code="200") for o in own]
+    assert value(got, created, model="a", code="200") == min(firsts)
     assert value(got, created, model="a", code="200") == value(own[1], created, model="a", code="200")
     assert value(got, f"{DUR}_bucket", model="a", le="0.005") == 2
     assert value(got, f"{DUR}_bucket", model="a", le="5.0") == 2
@@ -142,9 +143,9 @@ def test_a_restarted_worker_continues_from_its_predecessor_but_not_its_gauges(tm
     assert got[created] == before[created]  # the predecessor's (older) _created stays
 
 
-def test_the_tick_publishes_at_most_once_an_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workermetrics, "PUBLISH_INTERVAL", 3600.0)
-    m0, m1 = shared(tmp_path, 0), shared(tmp_path, 1)
+def test_the_tick_publishes_at_most_once_an_interval(tmp_path: Path) -> None:
+    m0, m1 = shared(tmp_path, 0), ProxyMetrics()
+    m1.share_across_workers(str(tmp_path), 1, 2, publish_interval=3600.0)
     m1.count("a", 200)
     m1.publish()  # published at share time, under an interval ago: nothing written
     assert (REQ, (("code", "200"), ("model", "a"))) not in samples(m0.render())
@@ -153,14 +154,44 @@ def test_the_tick_publishes_at_most_once_an_interval(tmp_path: Path, monkeypatch
     m1.count("a", 200)
     m1.render()  # a scrape always publishes first
     assert value(samples(m0.render()), REQ, model="a", code="200") == 2
+    m2 = ProxyMetrics()
+    m2.share_across_workers(str(tmp_path / "other"), 0, 1, publish_interval=0.0)
+    m2.count("a", 200)
+    m2.publish()  # an unforced publish writes once the interval is over
+    snap = workermetrics.read_snapshot(str(tmp_path / "other" / "worker-0.snap"))
+    assert snap is not None
+    assert (REQ, (("model", "a"), ("code", "200")), 1) in dict((f[0], f[4]) for f in snap.families)[
+        f"{PREFIX}_requests"]
+
+
+def test_a_worker_that_cannot_write_shows_its_last_written_snapshot_everywhere(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    m0, m1 = shared(tmp_path, 0), shared(tmp_path, 1)
+    m1.count("a", 200)
+    m1.render()
+    share = m1._share
+    assert share is not None
+    os.mkdir(share._tmp)  # the temp file cannot be opened: every write fails
+    m1.count("a", 200)
+    for m in (m1, m0, m1):
+        assert value(samples(m.render()), REQ, model="a", code="200") == 1
+    assert caplog.text.count("not written") == 1
+    os.rmdir(share._tmp)
+    assert value(samples(m1.render()), REQ, model="a", code="200") == 2
+    assert value(samples(m0.render()), REQ, model="a", code="200") == 2
+    assert "written again" in caplog.text
 
 
 def test_an_unreadable_snapshot_is_left_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     m0 = shared(tmp_path, 0)
     m0.count("a", 200)
     (tmp_path / "worker-1.snap").write_bytes(b"not a snapshot")
-    assert value(samples(m0.render()), REQ, model="a", code="200") == 1
-    assert "unreadable" in caplog.text
+    for _ in range(2):
+        assert value(samples(m0.render()), REQ, model="a", code="200") == 1
+    assert caplog.text.count("left out") == 1
+    m1 = shared(tmp_path, 1)  # an unreadable predecessor: no base
+    m1.count("a", 200)
+    assert value(samples(m1.render()), REQ, model="a", code="200") == 2
 
 
 def test_share_is_checked(tmp_path: Path) -> None:
