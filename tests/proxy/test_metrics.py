@@ -96,3 +96,6 @@ def test_rows_are_what_collect_gives(tmp_path: Path) -> None:
     m.routing_decisions.labels("a", "least_loaded", "none").inc()
     assert m.registry.rows() == workermetrics.collected_rows(m.registry)
     assert m.registry.rows() == workermetrics.collected_rows(m.registry)  # the label caches
+    m.registry.set_target_info({"instance": "x"})  # a family no collector's rows() gives
+    assert m.registry.rows() == workermetrics.collected_rows(m.registry)
+    assert m.registry.rows()[0][0] == "target"
