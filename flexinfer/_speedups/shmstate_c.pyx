@@ -9,9 +9,9 @@ atomic loads and stores for the single-writer counters and the prefix hints), so
 argument is accepted and ignored. ``-ffp-contract=off`` keeps ``n * 1e9 / rate`` and
 ``burst - ahead * rate / 1e9`` rounded exactly as Python rounds them. With ``now_ns=None`` the
 clock is ``clock_gettime(CLOCK_MONOTONIC)`` read in C (on Linux the value ``time.monotonic_ns()``
-returns). The hot paths (``take``, ``acquire``, ``release``, ``get``, ``match_len``) allocate
-nothing for a known key. Must not: import anything from flexinfer, allocate shared memory,
-sleep, or log.
+returns). On a known key, an admitted ``take``, ``acquire`` and ``release`` allocate nothing
+(one dict lookup, one compare of the slot's hash word, then one CAS or one load and store).
+Must not: import anything from flexinfer, allocate shared memory, sleep, or log.
 """
 
 cimport cython
@@ -47,6 +47,8 @@ WAYS = _WAYS  # entries per prefix set (one 64-byte cache line)
 cdef int64_t _MAX_NS = (<int64_t>1) << 61
 MAX_NS = _MAX_NS  # exclusive bound of now_ns and of burst / rate in ns
 cdef double _MAX_NS_F = <double>_MAX_NS
+cdef object _ZERO = 0.0  # the "admitted" answer, shared
+cdef object _INF = float("inf")
 cdef uint64_t _TAG = ~(<uint64_t>0xFFFF)  # the stored bits of a block hash
 
 cdef extern from *:
@@ -129,7 +131,7 @@ class TableFull(Exception):
     """No slot could be found or claimed for a key."""
 
 
-cdef uint64_t _key_hash(str key) except 0:
+cdef uint64_t _key_hash(object key) except 0:  # key: a str (or subclass), checked by the caller
     cdef Py_ssize_t n
     cdef const char* p
     if PyUnicode_IS_COMPACT_ASCII(key):
@@ -304,7 +306,7 @@ cdef class _Table:
             s = s + 1 if s + 1 < self._slots else 0
         return -1
 
-    cdef Py_ssize_t _lookup(self, str key) except -2:
+    cdef Py_ssize_t _lookup(self, object key) except -2:
         cdef Py_ssize_t s = self._cached(key)
         if s >= 0:
             return s
@@ -352,7 +354,7 @@ cdef class _Table:
         raise TableFull(f"no free slot among {self._probe} for this key")
 
     # record key at s (dropping its stale record and any other key's record at s)
-    cdef int _remember(self, str key, uint64_t h, Py_ssize_t s) except -1:
+    cdef int _remember(self, object key, uint64_t h, Py_ssize_t s) except -1:
         cdef PyObject* item = PyDict_GetItemWithError(self._cache, key)
         if item != NULL:
             prev = <object>item
@@ -383,7 +385,7 @@ cdef class SharedBuckets(_Table):
     cdef bint _reclaimable(self, Py_ssize_t s, int64_t arg) noexcept:
         return fi_ldi(<int64_t*>&self._w[2 * s + 1]) <= arg
 
-    cdef inline Py_ssize_t _slot(self, str key, int64_t now) except -1:
+    cdef inline Py_ssize_t _slot(self, object key, int64_t now) except -1:
         cdef Py_ssize_t s = self._cached(key)
         cdef uint64_t h
         if s < 0:
@@ -405,7 +407,7 @@ cdef class SharedBuckets(_Table):
             raise ValueError("burst / rate must be under 2**61 ns")
         now = _now(now_ns)
         if n > burst:
-            return INFINITY
+            return _INF
         _check_key(key)
         cost = <int64_t>(n * 1e9 / rate)
         tol = <int64_t>tol_f
@@ -417,7 +419,7 @@ cdef class SharedBuckets(_Table):
             if new - now > tol:
                 return <double>(new - now - tol) / 1e9
             if fi_casi(p, &tat, new):  # else tat is the value another process stored: retry
-                return 0.0
+                return _ZERO
 
     def available(self, key, double rate, double burst, now_ns=None) -> float:
         """Tokens ``key`` has at ``now_ns`` (``burst`` when unknown); changes nothing."""
@@ -497,7 +499,7 @@ cdef class SharedCounts(_Table):
 
     # add when key has no valid record: move a stale count of it along, claim its slot, then
     # move along a stale count of another key found there (see shmstate_py)
-    cdef int _add_slow(self, str key, int64_t delta) except -1:
+    cdef int _add_slow(self, object key, int64_t delta) except -1:
         cdef int64_t* row = self._row
         cdef int64_t carry = 0
         cdef int64_t moved = 0

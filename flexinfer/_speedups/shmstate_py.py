@@ -45,7 +45,8 @@ Keys and slots (SharedBuckets, SharedCounts)
   re-validates it on every use: the slot's hash word must still be the key's hash, because
   another process may have reclaimed the slot. A stale entry is dropped and the key looked
   up again.
-* Races of the compiled twin, worst cases (the Python twin, under the lock, has none):
+* Races, worst cases. The first two are the compiled twin's only (the Python twin claims
+  and charges under the lock); the third is both twins' (the counters take no lock):
   - a decision for bucket key A that validated its slot just before another process
     reclaimed it for B is charged to B: B's first decision may see one request more, and A
     (whose bucket was full) gets a fresh one; one decision per racing process, only for an
@@ -68,10 +69,11 @@ SharedBuckets (GCRA)
   ``0.0`` (admitted). Else nothing is charged and the answer is the wait in seconds,
   ``float(new - now - tol) / 1e9`` (the integer difference converted first, then divided).
   ``n > burst`` is never admitted: ``inf`` at once (the table is not touched).
-* Under overload this admits exactly ``burst + floor(rate * T)`` requests of ``n = 1`` in
-  ``T`` seconds (for an integer ``burst`` and ``1e9 / rate`` an integer number of ns; else
-  the same up to the ns truncation of ``cost`` and ``tol``): the first ``burst`` at once,
-  then one every ``cost`` ns.
+* Under overload (a request of ``n = 1`` always waiting) a full bucket admits exactly
+  ``burst + floor(rate * T)`` requests over ``[t0, t0 + T]``, both ends included: ``burst``
+  at ``t0``, then one every ``cost`` ns (exact for an integer ``burst`` and a whole number of
+  ns in ``1e9 / rate``; else up to the ns truncation of ``cost`` and ``tol``). Machine-wide,
+  since every worker charges the same TAT.
 * ``available(key, rate, burst, now_ns=None)``: ``burst - float(ahead) * rate / 1e9`` clamped
   at ``>= 0.0``, where ``ahead = max(TAT - now, 0)``; ``burst`` for an unknown key. Reads only.
 * Validation (ValueError): ``rate`` and ``burst`` finite and ``> 0``, ``n >= 0`` (not NaN),
@@ -90,9 +92,10 @@ SharedCounts
   A counter must stay within int64 (OverflowError). Pair every release with an acquire in
   the same worker; a row may go negative, sums are clamped.
 * The process remembers which key each of its row's counters belongs to. When a slot it
-  counted in was reclaimed for another key (possible only while its counter there was 0, or
-  in the race above), its next use of either key moves that count to the old key's new slot;
-  if no slot can be claimed for it, that count is dropped.
+  counted in was reclaimed for another key (only while the slot's column summed to 0: its
+  counter there was 0, or another row was negative, or in the race above), its next use of
+  either key takes that count out of the slot and moves it to the old key's new slot; if no
+  slot can be claimed for it, that count is dropped.
 * ``get(key)``: the key's slot's sum over all rows, clamped at ``>= 0``; 0 for an unknown
   key; claims nothing. ``own(key)``: this worker's counter of ``key``. ``own_items()``: this
   worker's non-zero counters by key. ``totals()``: ``{key hash: sum}`` of every used slot with
@@ -106,9 +109,10 @@ SharedPrefixes
 * ``sets`` (a power of two) sets of 8 ways of u64 entries: one 64-byte cache line per set,
   ``size(sets) = 64 * sets``. Entry = ``(block_hash & ~0xFFFF) | ep_id``, 0 = empty; ``ep_id``
   in ``1..65535`` (ValueError).
-* A block hash's set is ``block_hash & (sets - 1)``: the low 16 bits, which the entry does not
-  store, so with ``sets <= 65536`` an entry compares all ``48 + log2(sets)`` remaining bits
-  of the hash (the XXH3 hashes of ``chained_block_hashes`` are uniform in every bit).
+* A block hash's set is ``block_hash & (sets - 1)``: its lowest bits, taken from the 16 that
+  the entry does not store, so with ``sets <= 65536`` a match compares ``48 + log2(sets)``
+  bits of the hash, none twice (the XXH3 hashes of ``chained_block_hashes`` are uniform in
+  every bit). Hashes that differ only in the other low bits alias: a false hint, harmless.
 * ``record(ep_id, hashes)``: for each hash, nothing when its entry is in its set, else it is
   written to the first empty way, else to way ``counter % 8`` where ``counter`` is this
   object's count of such evictions (deterministic, so the twins agree). ``forget(ep_id)``
