@@ -20,6 +20,9 @@ Buffers
 * All words are native-endian 8-byte integers at 8-byte aligned offsets. An aligned 8-byte
   load or store is one access on every platform CPython supports, so a reader never sees
   half of a write (here: a memoryview ``"Q"``/``"q"`` item access; in C: ``__atomic``).
+* Make the objects in each process after the fork (a ``SharedCounts`` must be, since its
+  ``worker`` row is per process); an object inherited across a fork keeps its creator's
+  local records, which every use re-validates, so that is harmless for the other two.
 * ``close()`` (or leaving a ``with`` block) releases the buffer; the object is then unusable
   (ValueError). The mmap itself can only be closed after that.
 * All processes sharing one buffer must use the same twin: the Python twin makes its
