@@ -27,13 +27,18 @@ __all__ = [
     "PRIMITIVES",
     "BucketRegistry",
     "HashRing",
+    "SharedBuckets",
+    "SharedCounts",
+    "SharedPrefixes",
+    "TableFull",
     "TokenBucket",
     "chained_block_hashes",
+    "key_hash",
     "load",
     "model_key_scan",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "shmstate", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -62,12 +67,24 @@ if TYPE_CHECKING:
     from .hashring_py import HashRing as HashRing
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
+    from .shmstate_py import SharedBuckets as SharedBuckets
+    from .shmstate_py import SharedCounts as SharedCounts
+    from .shmstate_py import SharedPrefixes as SharedPrefixes
+    from .shmstate_py import TableFull as TableFull
+    from .shmstate_py import key_hash as key_hash
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
     HashRing = _pick("hashring").HashRing
     model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes
+    _shmstate = _pick("shmstate")
+    SharedBuckets = _shmstate.SharedBuckets
+    SharedCounts = _shmstate.SharedCounts
+    SharedPrefixes = _shmstate.SharedPrefixes
+    TableFull = _shmstate.TableFull
+    key_hash = _shmstate.key_hash
+    del _shmstate
     _tokenbucket = _pick("tokenbucket")
     TokenBucket = _tokenbucket.TokenBucket
     BucketRegistry = _tokenbucket.BucketRegistry
