@@ -13,7 +13,9 @@ child's last exit was 0.
 The parent runs no event loop and no thread: it sleeps in ``select()`` on a self-pipe that the
 signal handlers (SIGCHLD, SIGTERM, SIGINT) wake through :func:`signal.set_wakeup_fd`, and does
 everything else (reaping, forwarding, restarting, killing) in that loop, never in a handler.
-Signals are blocked across ``fork()`` so a child never runs the parent's handlers.
+Signals are blocked across ``fork()`` so a child never runs the parent's handlers. On Linux a child
+asks for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``): a supervisor killed with SIGKILL does
+not leave orphans serving on.
 
 Must not: know HTTP, sockets or models (the caller passes what a child runs), or restart anything
 once shutdown began.
@@ -22,6 +24,7 @@ once shutdown began.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import select
@@ -65,6 +68,16 @@ class Sidecar:
 
 
 _current: WorkerSlot | None = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child
+    """SIGTERM to this process when ``parent`` exits (Linux); exit now if it already did."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def current_worker() -> WorkerSlot | None:
@@ -109,6 +122,7 @@ class _Supervisor:
         self.stopping = False
         self.sidecars_signalled = False
         self._rfd = self._wfd = -1
+        self._pid = os.getpid()
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -196,6 +210,7 @@ class _Supervisor:
                 signal.signal(sig, signal.SIG_DFL)
             if c.slot is None:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _die_with_parent(self._pid)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if self.after_fork is not None:
                 self.after_fork()

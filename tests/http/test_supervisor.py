@@ -4,6 +4,7 @@ visible to the worker, restarts back off, and SIGTERM still drains in order and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -87,7 +88,7 @@ class Proc:
     def __init__(self, workers: int, mode: str, drain: float = 3.0) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.p = subprocess.Popen([sys.executable, "-c", SCRIPT, str(workers), mode, str(drain)], cwd=ROOT,
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.out = _Lines(self.p)
         self.seen: list[list[str]] = []
 
@@ -115,9 +116,11 @@ class Proc:
         return self.p.stderr.read().decode(errors="replace")
 
     def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.p.pid, signal.SIGKILL)  # the children too, whatever happened
         if self.p.poll() is None:
             self.p.kill()
-            self.p.wait()
+        self.p.wait()
         for pipe in (self.p.stdout, self.p.stderr):
             if pipe is not None:
                 pipe.close()
@@ -250,3 +253,30 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_drain_grace(procs: lis
     assert proc.p.wait(20) == 1  # the sidecar's last exit was SIGKILL
     err = proc.stderr()
     assert "sidecar side (pid" in err and "did not exit 5.2s after its signal: SIGKILL" in err
+
+
+def test_children_stop_when_the_supervisor_is_killed(procs: list[Proc]) -> None:
+    import psutil
+
+    proc = Proc(2, "sidecar")
+    procs.append(proc)
+    (side,) = proc.expect(1, "sidecar")
+    ready = proc.expect(2, "ready")
+    children = [int(side[1])] + [int(r[1]) for r in ready]
+    proc.p.kill()
+    assert proc.p.wait(10) == -signal.SIGKILL
+    stopped = proc.expect(2, "stopped")  # the workers drained on the SIGTERM their parent's death sent
+    assert {int(s[1]) for s in stopped} == set(children[1:])
+    if not any(line[0] == "sidecar-stopped" for line in proc.seen):  # no order without the parent
+        proc.expect(1, "sidecar-stopped")
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    end = time.monotonic() + 10
+    while not all(map(gone, children)) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert all(map(gone, children))
