@@ -19,7 +19,9 @@ Owns:
   waiter); while a model has waiters the depth is looked at every ``queue_refresh`` and sent when it
   changed, so the owner's GPUGroup queue annotations count the waiters of every worker. When the
   owner goes away the worker keeps serving its last index, reconnects with backoff, sends its
-  depths and unanswered wakes again and takes the fresh snapshot of the new owner. ``start()``
+  depths and unanswered wakes again (and a wake whose answer it ignores for every model it still
+  holds requests for, so the new owner re-arms a GPUGroup queue and clears it later) and takes the
+  fresh snapshot of the new owner. ``start()``
   waits up to ``sync_wait`` for the first snapshot.
 
 Must not: import a Kubernetes client or talk to the API (only the owner does), or do I/O on the
@@ -251,10 +253,18 @@ class RemoteKubeInventory:
                 await asyncio.sleep(self._backoff.next())
                 continue
             self._writer = writer
-            for name, depth in self._depths.items():  # a new owner knows nothing of this worker yet
+            # a new owner knows nothing of this worker yet: its depths, its unanswered wakes, and a wake
+            # (answer ignored) for every model it still holds requests for, so that the new owner
+            # queues a GPUGroup member again and clears the queue once nobody waits
+            for name, depth in self._depths.items():
                 self._send({"t": "depth", "model": name, "n": depth})
+            pending: set[str] = set()
             for wid, (name, _) in self._wakes.items():
                 self._send({"t": "wake", "id": wid, "model": name})
+                pending.add(name)
+            for name, depth in self._depths.items():
+                if depth > 0 and name not in pending and self.snapshots:
+                    self._send({"t": "wake", "id": 0, "model": name})
             why = "closed"
             try:
                 while True:

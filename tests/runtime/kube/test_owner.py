@@ -348,6 +348,8 @@ async def test_depths_sum_over_workers_wake_errors_and_a_new_owner(ks: KubeStack
         owner = await _owner(ks, path)
         await reach(lambda: all(r.resolve("later") for r in remotes) and all(r.snapshots == 2 for r in remotes))
         await reach(lambda: owner.load.queue_depth("cold") == 3)
+        # ... and the models they still hold requests for are woken again at the new owner (re-armed)
+        await reach(lambda: ks.kube.write_count(STATUS, "PATCH") == 2)
         loads[0].n["cold"] = loads[1].n["cold"] = 0
         await reach(lambda: owner.load.queue_depth("cold") == 0)
         assert all(_same(r, owner) for r in remotes)
