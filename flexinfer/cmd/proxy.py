@@ -90,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any) -> int:
+    """One process: the KubeRuntime in the serving loop. ``--workers N`` (N > 1): the parent
+    supervises one inventory owner (a sidecar running the KubeRuntime: the only watches and patches
+    of the machine) and N workers, each with a :class:`RemoteKubeInventory` of the owner's inventory
+    over a Unix socket in a private temp directory (removed at exit)."""
     import importlib.util
 
     if importlib.util.find_spec("kubernetes_asyncio") is None:
@@ -98,23 +102,67 @@ def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any
     if args.config:
         print("flexinfer proxy: use either -c/--config or --kube, not both", file=sys.stderr)
         return 2
-    if settings.workers > 1:
-        log.warning("--kube with %d workers: each worker watches the API and signals demand on its own",
-                    settings.workers)
-    runtimes: list[KubeRuntime] = []
+    scope = "all namespaces" if args.all_namespaces else f"namespace {settings.namespace}"
+    if settings.workers <= 1:
+        runtimes: list[KubeRuntime] = []
 
-    def make_handler() -> ProxyHandler:  # one runtime per worker process, started in its loop
-        runtime, handler = build_kube(settings, all_namespaces=args.all_namespaces)
-        runtimes.append(runtime)
+        def make_handler() -> ProxyHandler:  # built in the serving loop, started in on_start
+            runtime, handler = build_kube(settings, all_namespaces=args.all_namespaces)
+            runtimes.append(runtime)
+            return handler
+
+        async def on_start(_server: HTTPServer) -> None:
+            await runtimes[-1].start()
+
+        async def on_stop(_server: HTTPServer) -> None:
+            await runtimes[-1].stop()
+
+        log.info("flexinfer proxy on http://%s:%d serving the models of %s", settings.host, settings.port, scope)
+        return int(serve_http(make_handler, settings.http, host=settings.host, port=settings.port,
+                              workers=1, on_start=on_start, on_stop=on_stop))
+
+    import os
+    import shutil
+    import tempfile
+
+    from flexinfer.cmd.load import ProxyLoad
+    from flexinfer.http.server import Sidecar
+    from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.kube import KubeTimings
+    from flexinfer.runtime.kubeowner import run_owner  # imports the kube client here, before the fork
+    from flexinfer.runtime.kuberemote import RemoteKubeInventory
+
+    timings = KubeTimings()
+    private = tempfile.mkdtemp(prefix="flexinfer-proxy-")  # mode 0700
+    path = os.path.join(private, "inventory.sock")
+
+    def owner() -> int:  # the sidecar: the machine's one KubeRuntime
+        # TODO(lead): in_flight from the machine's shared in-flight counts (the demand heartbeat)
+        return run_owner(path, settings.namespace, all_namespaces=args.all_namespaces, timings=timings,
+                         in_flight=lambda key: 0)
+
+    remotes: list[RemoteKubeInventory] = []
+
+    def make_worker_handler() -> ProxyHandler:
+        load = ProxyLoad()
+        remote = RemoteKubeInventory(path, load=load, queue_refresh=timings.queue_refresh,
+                                     sync_wait=timings.sync_timeout + 2.0)  # the owner's lists + its start
+        handler = ProxyHandler(remote, settings, scaler=remote)
+        load.bind(handler)
+        remotes.append(remote)
         return handler
 
-    async def on_start(_server: HTTPServer) -> None:
-        await runtimes[-1].start()
+    async def start_remote(_server: HTTPServer) -> None:
+        await remotes[-1].start()
 
-    async def on_stop(_server: HTTPServer) -> None:
-        await runtimes[-1].stop()
+    async def stop_remote(_server: HTTPServer) -> None:
+        await remotes[-1].stop()
 
-    scope = "all namespaces" if args.all_namespaces else f"namespace {settings.namespace}"
-    log.info("flexinfer proxy on http://%s:%d serving the models of %s", settings.host, settings.port, scope)
-    return int(serve_http(make_handler, settings.http, host=settings.host, port=settings.port,
-                          workers=settings.workers, on_start=on_start, on_stop=on_stop))
+    log.info("flexinfer proxy on http://%s:%d serving the models of %s (%d workers, one inventory owner)",
+             settings.host, settings.port, scope, settings.workers)
+    try:
+        return int(serve_http(make_worker_handler, settings.http, host=settings.host, port=settings.port,
+                              workers=settings.workers, on_start=start_remote, on_stop=stop_remote,
+                              sidecars=[Sidecar("kube-inventory", owner)]))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -2,8 +2,9 @@
 
 Owns: :class:`HTTPServer` (one listener, its connections, the 1 Hz tick that refreshes the cached
 Date header and fires connection deadlines), :class:`ServerStats` and :func:`run` (uvloop when
-importable, SIGTERM/SIGINT -> drain -> exit 0, ``workers > 1``: forked processes, each with its own
-SO_REUSEPORT listener).
+importable, SIGTERM/SIGINT -> drain -> exit 0; ``workers > 1`` or sidecars: forked worker processes,
+each with its own SO_REUSEPORT listener, under the supervisor of :mod:`flexinfer.http.workers`, whose
+``WorkerSlot``, ``Sidecar`` and ``current_worker`` are re-exported here).
 Must not: parse HTTP (protocol.py does), know models or routes, or keep a timer per request.
 """
 
@@ -12,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from flexinfer.http.protocol import Handler, HttpProtocol
 from flexinfer.http.responses import refresh_date
+from flexinfer.http.workers import Sidecar, WorkerSlot, current_worker, supervise
 from flexinfer.settings import HTTPSettings
 
-__all__ = ["HTTPServer", "ServerStats", "run"]
+__all__ = ["HTTPServer", "ServerStats", "Sidecar", "WorkerSlot", "current_worker", "run"]
+
+#: Seconds past ``drain_timeout`` a child may take to exit after its signal before it gets SIGKILL.
+KILL_GRACE = 5.0
 
 log = logging.getLogger("flexinfer.http")
 
@@ -210,60 +214,34 @@ def _reserve_port(host: str) -> socket.socket:
 
 def run(make_handler: Callable[[], Handler], settings: HTTPSettings, *, host: str, port: int,
         workers: int = 1, on_start: Callable[[HTTPServer], Awaitable[None]] | None = None,
-        on_stop: Callable[[HTTPServer], Awaitable[None]] | None = None) -> int:
+        on_stop: Callable[[HTTPServer], Awaitable[None]] | None = None,
+        on_worker_exit: Callable[[int], None] | None = None, sidecars: Sequence[Sidecar] = ()) -> int:
     """Serve until SIGTERM/SIGINT, then drain (``settings.drain_timeout``). Returns the exit code.
 
-    ``workers > 1`` forks that many processes; each builds its own handler and listens on the same
-    port with SO_REUSEPORT (the kernel spreads connections). The parent forwards SIGTERM/SIGINT and
-    returns 0 when every worker exited 0. With ``port=0`` the parent picks one port for all.
+    ``workers > 1``, or any ``sidecars``, makes this process a supervisor
+    (:func:`flexinfer.http.workers.supervise`): it forks the sidecars, then one process per worker
+    slot; each worker builds its own handler and listens on the same port with SO_REUSEPORT (the
+    kernel spreads connections) and reads its slot with :func:`current_worker`. A child that dies is
+    restarted in its slot with backoff (``on_worker_exit(index)`` runs here first for a worker); the
+    others keep serving. SIGTERM/SIGINT is forwarded to the workers, then the sidecars get SIGTERM;
+    a child still alive ``drain_timeout + KILL_GRACE`` after its signal gets SIGKILL. Returns 0 when
+    every child's last exit was 0. With ``port=0`` the parent reserves one port for all, restarted
+    workers included. ``workers=1`` without sidecars serves in this process (no supervisor).
     """
-    if workers <= 1:
+    if workers <= 1 and not sidecars:
         return _serve(make_handler, settings, host, port, False, on_start, on_stop)
 
     reserved = _reserve_port(host) if port == 0 else None
     if reserved is not None:
         port = reserved.getsockname()[1]
-    children: list[int] = []
-    received: list[int] = []
 
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+    def worker() -> int:  # pragma: no cover - runs in the child
+        return _serve(make_handler, settings, host, port, True, on_start, on_stop)
 
-    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for _ in range(workers):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child
-                code = 1
-                try:
-                    for sig in (signal.SIGTERM, signal.SIGINT):
-                        signal.signal(sig, signal.SIG_DFL)
-                    if reserved is not None:
-                        reserved.close()
-                    code = _serve(make_handler, settings, host, port, True, on_start, on_stop)
-                finally:
-                    os._exit(code)
-            children.append(pid)
-            if received:  # a signal arrived while forking: pass it on to the late child too
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, received[-1])
+        return supervise(worker, max(1, workers), sidecars=sidecars, on_worker_exit=on_worker_exit,
+                         kill_after=settings.drain_timeout + KILL_GRACE,
+                         after_fork=reserved.close if reserved is not None else None)
+    finally:
         if reserved is not None:
             reserved.close()
-        status = 0
-        remaining = set(children)
-        while remaining:
-            try:
-                pid, wstatus = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            if pid in remaining:
-                remaining.discard(pid)
-                if os.waitstatus_to_exitcode(wstatus) != 0:
-                    status = 1
-        return status
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

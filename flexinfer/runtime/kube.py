@@ -135,6 +135,7 @@ class KubeRuntime:
         self._entries: dict[Key, tuple[ModelView, Claims]] = {}
         self._keys: dict[str, Key] = {}  # view name -> resource
         self._subscribers: list[Callable[[ModelView], None]] = []
+        self._index_listeners: list[Callable[[Index, bool, list[ModelView]], None]] = []
         self._demand: dict[str, _Demand] = {}
         self._group_waits: dict[str, _GroupWait] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -149,6 +150,18 @@ class KubeRuntime:
 
     def subscribe(self, callback: Callable[[ModelView], None]) -> None:
         self._subscribers.append(callback)
+
+    @property
+    def index(self) -> Index:
+        """The current name index (immutable; replaced on every change)."""
+        return self._index
+
+    def on_index(self, callback: Callable[[Index, bool, list[ModelView]], None]) -> None:
+        """Call ``callback(index, rebuilt, changed)`` after every swap of the index, before the
+        subscribers hear of ``changed``: ``rebuilt`` when models or their names came or went (the
+        index was built anew), else ``index`` is the old one with the ``changed`` views replaced
+        (``Index.with_views``). The inventory owner mirrors the index to the workers with it."""
+        self._index_listeners.append(callback)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -264,6 +277,12 @@ class KubeRuntime:
             self._index = Index.build(self._entries.values())
         elif changed:
             self._index = self._index.with_views(changed)
+        if reindex or changed:
+            for listener in self._index_listeners:
+                try:
+                    listener(self._index, reindex, changed)
+                except Exception:  # a listener must not break the watch
+                    log.exception("inventory index listener failed")
         for v in changed:
             for cb in self._subscribers:
                 try:
