@@ -30,7 +30,7 @@ class ProxyLoad:
 
     def in_flight(self, endpoint: str) -> int:
         router = self._router
-        return router.in_flight.get(endpoint, 0) if router is not None else 0
+        return router.load.get(endpoint, 0) if router is not None else 0
 
     def queue_depth(self, model: str) -> int | None:
         if self._activator is not None:

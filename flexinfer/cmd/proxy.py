@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from flexinfer.settings import ProxySettings, SettingsError, load_proxy_settings
 
 if TYPE_CHECKING:
+    from flexinfer.cmd.workers import SharedParts
     from flexinfer.http.server import HTTPServer
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.kube import KubeRuntime, KubeTimings
@@ -35,7 +36,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def build_kube(settings: ProxySettings, *, all_namespaces: bool = False, api_client: Any = None,
-               timings: KubeTimings | None = None) -> tuple[KubeRuntime, ProxyHandler]:
+               timings: KubeTimings | None = None,
+               parts: SharedParts | None = None) -> tuple[KubeRuntime, ProxyHandler]:
     """(KubeRuntime, ProxyHandler) wired together: the runtime reads the handler's load through a
     :class:`ProxyLoad` (router in-flight counts for the demand heartbeat, activator queue depths for
     GPUGroup queues). Call ``await runtime.start()`` in the serving loop."""
@@ -46,7 +48,8 @@ def build_kube(settings: ProxySettings, *, all_namespaces: bool = False, api_cli
     load = ProxyLoad()
     runtime = KubeRuntime(settings.namespace, all_namespaces=all_namespaces, api_client=api_client,
                           timings=timings or KubeTimings(), load=load)
-    handler = ProxyHandler(runtime, settings, scaler=runtime)
+    handler = (parts.handler(runtime, scaler=runtime) if parts is not None
+               else ProxyHandler(runtime, settings, scaler=runtime))
     load.bind(handler)
     return runtime, handler
 
@@ -71,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
     if getattr(args, "kube", False):
         return _run_kube(settings, args, serve_http)
-    from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.static import InventoryConfigError, StaticInventory
 
     if not args.config:
@@ -82,11 +84,18 @@ def run(args: argparse.Namespace) -> int:
     except InventoryConfigError as exc:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
+    from flexinfer.cmd.workers import SharedParts
+
     names = ", ".join(v.name for v in inventory.models())
     log.info("flexinfer proxy on http://%s:%d serving %s", settings.host, settings.port, names)
+    parts = SharedParts(settings)  # before the fork: the children inherit the shared memory
     _freeze_heap()
-    return serve_http(lambda: ProxyHandler(inventory, settings), settings.http, host=settings.host,
-                      port=settings.port, workers=settings.workers)
+    try:
+        return int(serve_http(lambda: parts.handler(inventory), settings.http, host=settings.host,
+                              port=settings.port, workers=settings.workers, on_start=parts.start,
+                              on_stop=parts.stop, on_worker_exit=parts.worker_exited))
+    finally:
+        parts.close()
 
 
 def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any) -> int:
@@ -102,24 +111,32 @@ def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any
     if args.config:
         print("flexinfer proxy: use either -c/--config or --kube, not both", file=sys.stderr)
         return 2
+    from flexinfer.cmd.workers import SharedParts
+
     scope = "all namespaces" if args.all_namespaces else f"namespace {settings.namespace}"
+    parts = SharedParts(settings)  # before the fork: the children inherit the shared memory
     if settings.workers <= 1:
         runtimes: list[KubeRuntime] = []
 
         def make_handler() -> ProxyHandler:  # built in the serving loop, started in on_start
-            runtime, handler = build_kube(settings, all_namespaces=args.all_namespaces)
+            runtime, handler = build_kube(settings, all_namespaces=args.all_namespaces, parts=parts)
             runtimes.append(runtime)
             return handler
 
-        async def on_start(_server: HTTPServer) -> None:
+        async def on_start(server: HTTPServer) -> None:
+            await parts.start(server)
             await runtimes[-1].start()
 
-        async def on_stop(_server: HTTPServer) -> None:
+        async def on_stop(server: HTTPServer) -> None:
             await runtimes[-1].stop()
+            await parts.stop(server)
 
         log.info("flexinfer proxy on http://%s:%d serving the models of %s", settings.host, settings.port, scope)
-        return int(serve_http(make_handler, settings.http, host=settings.host, port=settings.port,
-                              workers=1, on_start=on_start, on_stop=on_stop))
+        try:
+            return int(serve_http(make_handler, settings.http, host=settings.host, port=settings.port,
+                                  workers=1, on_start=on_start, on_stop=on_stop))
+        finally:
+            parts.close()
 
     import os
     import shutil
@@ -127,7 +144,6 @@ def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any
 
     from flexinfer.cmd.load import ProxyLoad
     from flexinfer.http.server import Sidecar
-    from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.kube import KubeTimings
     from flexinfer.runtime.kubeowner import run_owner  # imports the kube client here, before the fork
     from flexinfer.runtime.kuberemote import RemoteKubeInventory
@@ -136,10 +152,13 @@ def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any
     private = tempfile.mkdtemp(prefix="flexinfer-proxy-")  # mode 0700
     path = os.path.join(private, "inventory.sock")
 
+    machine = parts.machine
+    assert machine is not None  # several workers always share a machine state
+
     def owner() -> int:  # the sidecar: the machine's one KubeRuntime
-        # TODO(lead): in_flight from the machine's shared in-flight counts (the demand heartbeat)
+        counts = machine.reader()  # every worker's open requests (the demand heartbeat)
         return run_owner(path, settings.namespace, all_namespaces=args.all_namespaces, timings=timings,
-                         in_flight=lambda key: 0)
+                         in_flight=counts.get)
 
     remotes: list[RemoteKubeInventory] = []
 
@@ -147,22 +166,25 @@ def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any
         load = ProxyLoad()
         remote = RemoteKubeInventory(path, load=load, queue_refresh=timings.queue_refresh,
                                      sync_wait=timings.sync_timeout + 2.0)  # the owner's lists + its start
-        handler = ProxyHandler(remote, settings, scaler=remote)
+        handler = parts.handler(remote, scaler=remote)
         load.bind(handler)
         remotes.append(remote)
         return handler
 
-    async def start_remote(_server: HTTPServer) -> None:
+    async def start_remote(server: HTTPServer) -> None:
+        await parts.start(server)
         await remotes[-1].start()
 
-    async def stop_remote(_server: HTTPServer) -> None:
+    async def stop_remote(server: HTTPServer) -> None:
         await remotes[-1].stop()
+        await parts.stop(server)
 
     log.info("flexinfer proxy on http://%s:%d serving the models of %s (%d workers, one inventory owner)",
              settings.host, settings.port, scope, settings.workers)
     try:
         return int(serve_http(make_worker_handler, settings.http, host=settings.host, port=settings.port,
                               workers=settings.workers, on_start=start_remote, on_stop=stop_remote,
-                              sidecars=[Sidecar("kube-inventory", owner)]))
+                              on_worker_exit=parts.worker_exited, sidecars=[Sidecar("kube-inventory", owner)]))
     finally:
         shutil.rmtree(private, ignore_errors=True)
+        parts.close()

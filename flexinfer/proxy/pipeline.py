@@ -187,7 +187,9 @@ class ProxyHandler:
             if self.scaler is not None:
                 self.scaler.record_demand(view)
             if self.limiter is not None:
-                self.limiter.check(view.name)
+                pending = self.limiter.check(view.name)
+                if pending is not None:  # a shared (Redis) lease is on its way
+                    await pending
             # the model the backend must see: the served name, or for a LoRA adapter (routed to its
             # parent's replicas, rewrite_model False) the adapter name the client routed by
             target = view.upstream_model if view.rewrite_model else name

@@ -12,7 +12,9 @@ Strategies (per model, from its ``routing`` setting or the ``flexinfer.ai/routin
 - ``prefix-cache``: chained 64-byte block hashes of the prompt matched against a :class:`PrefixStore`
   that remembers which endpoint served which blocks; among the top 5 longest matches the least
   loaded wins.
-- ``least-loaded``: fewest in-flight requests counted by this proxy.
+- ``least-loaded``: fewest in-flight requests: this process's (:class:`LocalLoad`), or with
+  ``--workers N`` every worker's of the machine and, with Redis sharing, every replica's
+  (:class:`flexinfer.proxy.machine.SharedLoad`).
 
 A strategy that finds no key falls back to ``least-loaded``. The router keeps one ring per model and
 applies endpoint diffs when a new (immutable) view arrives; it does no I/O.
@@ -23,7 +25,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
 
 from flexinfer._speedups import HashRing, chained_block_hashes
 from flexinfer.runtime.base import Endpoint, ModelView
@@ -172,23 +175,77 @@ class PrefixStore:
         return len(self._by_ep.get(ep, ()))
 
 
+class LoadCounter(Protocol):
+    """In-flight requests per endpoint key, as the router counts and reads them."""
+
+    def acquire(self, key: str) -> None: ...
+
+    def release(self, key: str) -> None: ...
+
+    def get(self, key: str, default: int = 0) -> int: ...
+
+    def loads(self, keys: Sequence[str]) -> list[int]: ...
+
+    def snapshot(self) -> dict[str, int]:
+        """This process's non-zero counts (tests and the runtime's load view)."""
+        ...
+
+
+class PrefixHints(Protocol):
+    """Which endpoint served which prompt blocks (:class:`PrefixStore` or a shared table)."""
+
+    def match_len(self, ep: str, hashes: list[int]) -> int: ...
+
+    def record(self, ep: str, hashes: list[int]) -> None: ...
+
+    def forget(self, ep: str) -> None: ...
+
+
+class LocalLoad(dict[str, int]):
+    """In-flight counts of one process: a dict (``get`` is the dict's own)."""
+
+    def acquire(self, key: str) -> None:
+        self[key] = self.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        n = self.get(key, 0) - 1
+        if n > 0:
+            self[key] = n
+        else:
+            self.pop(key, None)
+
+    def loads(self, keys: Sequence[str]) -> list[int]:
+        get = self.get
+        return [get(k, 0) for k in keys]
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self)
+
+
 class _ModelState:
-    __slots__ = ("by_key", "endpoints", "ring", "rr")
+    __slots__ = ("by_key", "endpoints", "ring", "ring_nodes", "rr")
 
     def __init__(self) -> None:
         self.endpoints: tuple[Endpoint, ...] = ()
         self.by_key: dict[str, Endpoint] = {}
         self.ring = HashRing()
+        self.ring_nodes: tuple[str, ...] = ()  # the ring's node order: the order of its loads list
         self.rr = 0
 
 
 class Router:
     """Picks an endpoint per request and tracks in-flight counts per endpoint."""
 
-    def __init__(self, prefix_capacity: int = PREFIX_LRU) -> None:
-        self.in_flight: dict[str, int] = {}
-        self.prefixes = PrefixStore(prefix_capacity)
+    def __init__(self, prefix_capacity: int = PREFIX_LRU, *, load: LoadCounter | None = None,
+                 prefixes: PrefixHints | None = None) -> None:
+        self.load: LoadCounter = load if load is not None else cast(LoadCounter, LocalLoad())
+        self.prefixes: PrefixHints = prefixes if prefixes is not None else PrefixStore(prefix_capacity)
         self._models: dict[str, _ModelState] = {}
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """This process's open requests per endpoint (non-zero counts only)."""
+        return self.load.snapshot()
 
     def _state(self, view: ModelView) -> _ModelState:
         st = self._models.get(view.name)
@@ -197,6 +254,7 @@ class Router:
         if st.endpoints is not view.endpoints and st.endpoints != view.endpoints:
             gone = set(st.by_key) - {e.key for e in view.endpoints}
             st.ring.set_nodes([e.key for e in view.endpoints])  # applies the diff
+            st.ring_nodes = tuple(st.ring.nodes)
             st.by_key = {e.key: e for e in view.endpoints}
             for key in gone:
                 if not any(key in s.by_key for s in self._models.values()):
@@ -235,7 +293,7 @@ class Router:
         return self._least_loaded(eps), "least-loaded", "in-flight"
 
     def _ring_pick(self, st: _ModelState, key: str, exclude: frozenset[str]) -> Endpoint | None:
-        name = st.ring.get_bounded(key, self.in_flight, BOUNDED_LOAD_EPSILON)
+        name = st.ring.get_bounded(key, self.load.loads(st.ring_nodes), BOUNDED_LOAD_EPSILON)
         if name is None:
             return None
         if name in exclude:  # a refused replica on retry: walk to the next one on the ring
@@ -246,10 +304,10 @@ class Router:
         return st.by_key.get(name)
 
     def _least_loaded(self, eps: tuple[Endpoint, ...]) -> Endpoint:
-        load = self.in_flight
-        best, best_n = eps[0], load.get(eps[0].key, 0)
+        get = self.load.get
+        best, best_n = eps[0], get(eps[0].key, 0)
         for e in eps[1:]:
-            n = load.get(e.key, 0)
+            n = get(e.key, 0)
             if n < best_n:
                 best, best_n = e, n
         return best
@@ -266,17 +324,13 @@ class Router:
             if scored:
                 scored.sort(key=lambda s: -s[0])
                 top = scored[:PREFIX_TOP]
-                load = self.in_flight
-                best = min(top, key=lambda s: (load.get(s[1].key, 0), -s[0]))
+                get = self.load.get
+                best = min(top, key=lambda s: (get(s[1].key, 0), -s[0]))
                 return best[1], f"prefix-match-{best[0]}"
         return self._least_loaded(eps), "prefix-miss"
 
     def acquire(self, ep: Endpoint) -> None:
-        self.in_flight[ep.key] = self.in_flight.get(ep.key, 0) + 1
+        self.load.acquire(ep.key)
 
     def release(self, ep: Endpoint) -> None:
-        n = self.in_flight.get(ep.key, 0) - 1
-        if n > 0:
-            self.in_flight[ep.key] = n
-        else:
-            self.in_flight.pop(ep.key, None)
+        self.load.release(ep.key)

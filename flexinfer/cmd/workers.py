@@ -1,0 +1,129 @@
+"""What the workers of ``flexinfer proxy`` share, wired: the machine's shared memory, merged metrics, Redis.
+
+Owns: :class:`SharedParts`, built in the parent before it forks (the shared mapping and the metrics
+directory must exist before the children do), and, in each worker, the handler with its router,
+limiter and metrics pointed at them; the worker's start/stop hooks (the Redis client, the metrics
+publisher); the parent's hook for a worker that died (its in-flight row is zeroed) and the cleanup
+at exit. Decisions:
+
+- ``--workers 1`` without Redis shares nothing: local buckets and counts, exactly as before.
+- ``--workers N``: rate limits and in-flight counts in shared memory (:mod:`flexinfer.proxy.machine`),
+  prefix-cache hints in a shared table, ``/metrics`` merged over the workers.
+- ``PROXY_REDIS_URL``: other machines' in-flight counts and the limits' buckets through Redis
+  (:mod:`flexinfer.proxy.redisshare`), this machine's shared memory as the fallback.
+
+Must not: be imported by anything but ``cmd/proxy.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Gauge
+
+from flexinfer.http.server import current_worker
+from flexinfer.proxy.limits import Limiter, MachineBuckets
+from flexinfer.proxy.machine import MachineState, SharedLoad, SharedPrefixStore
+from flexinfer.proxy.metrics import ProxyMetrics
+from flexinfer.proxy.pipeline import ProxyHandler
+from flexinfer.proxy.routing import Router
+from flexinfer.runtime.base import Inventory, Scaler
+from flexinfer.settings import ProxySettings
+
+if TYPE_CHECKING:
+    from flexinfer.http.server import HTTPServer
+    from flexinfer.proxy.redisshare import RedisShare
+
+log = logging.getLogger("flexinfer.proxy")
+
+#: How often a worker publishes its metrics for the others (it also publishes before each scrape).
+PUBLISH_INTERVAL = 1.0
+
+
+class SharedParts:
+    """Built once in the parent; each worker calls :meth:`handler` after the fork."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.workers = settings.workers
+        sharing = self.workers > 1 or bool(getattr(settings, "redis_url", ""))
+        self.machine: MachineState | None = MachineState(self.workers) if sharing else None
+        self.metrics_dir: str | None = (tempfile.mkdtemp(prefix="flexinfer-metrics-")
+                                        if self.workers > 1 else None)
+        self.machine_id = getattr(settings, "replica_id", "") or f"{socket.gethostname()}-{os.getpid()}"
+        # per worker process (set after the fork)
+        self.redis: RedisShare | None = None
+        self.metrics: ProxyMetrics | None = None
+        self._publisher: asyncio.Task[None] | None = None
+
+    # -- in the worker ------------------------------------------------------------------------
+    def handler(self, inventory: Inventory, *, scaler: Scaler | None = None, **kw: Any) -> ProxyHandler:
+        settings = self.settings
+        if self.machine is None:
+            return ProxyHandler(inventory, settings, scaler=scaler, **kw)
+        slot = current_worker()
+        index = slot.index if slot is not None else 0
+        ws = self.machine.bind(index)
+        metrics = self.metrics = ProxyMetrics()
+        if self.metrics_dir is not None:
+            # a per-worker gauge (merged with a worker="<index>" label): who is up, restarted how often
+            Gauge("flexinfer_proxy_worker_restarts", "Times the parent restarted this worker slot.",
+                  registry=metrics.registry).set(slot.restarts if slot is not None else 0)
+            metrics.share_across_workers(self.metrics_dir, index, self.workers)
+        machine_buckets = MachineBuckets(ws.buckets)
+        buckets: Any = machine_buckets
+        redis = None
+        if getattr(settings, "redis_url", ""):
+            from flexinfer.proxy.redisshare import RedisShare
+
+            redis = self.redis = RedisShare(settings, metrics.registry, machine_id=self.machine_id,
+                                            worker_id=str(index), local_load=ws.counts.own_items,
+                                            fallback=machine_buckets.take)
+            buckets = redis
+        router = Router(load=SharedLoad(ws.counts, redis), prefixes=SharedPrefixStore(ws.prefixes, ws.counts))
+        limiter = Limiter(settings, metrics, buckets=buckets) if settings.rate_limit_enabled else None
+        return ProxyHandler(inventory, settings, metrics=metrics, router=router, limiter=limiter,
+                            scaler=scaler, **kw)
+
+    async def start(self, _server: HTTPServer | None = None) -> None:
+        if self.redis is not None:
+            await self.redis.start()
+        if self.metrics is not None and self.metrics_dir is not None:
+            self._publisher = asyncio.get_running_loop().create_task(self._publish(), name="metrics publisher")
+
+    async def stop(self, _server: HTTPServer | None = None) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+            self._publisher = None
+        if self.metrics is not None and self.metrics_dir is not None:
+            self.metrics.publish()  # the final figures, for the scrapes of the workers still up
+        if self.redis is not None:
+            await self.redis.stop()
+
+    async def _publish(self) -> None:
+        assert self.metrics is not None
+        while True:
+            await asyncio.sleep(PUBLISH_INTERVAL)
+            try:
+                self.metrics.publish()
+            except OSError as exc:  # a full or vanished temp directory must not stop the worker
+                log.warning("publishing metrics failed: %s", exc)
+
+    # -- in the parent ------------------------------------------------------------------------
+    def worker_exited(self, index: int) -> None:
+        """A worker died: its open requests died with it."""
+        if self.machine is not None:
+            self.machine.reset_worker(index)
+
+    def close(self) -> None:
+        if self.metrics_dir is not None:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
