@@ -152,7 +152,7 @@ class RedisShare:
         self._client = aioredis.Redis.from_url(
             self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, decode_responses=True,
-            health_check_interval=0, client_name=f"flexinfer-proxy:{self.machine_id}:{self.worker_id}")
+            health_check_interval=0, client_name=_client_name(self.machine_id, self.worker_id))
         for name in ("LEASE", "GIVE_BACK", "SYNC", "LEAVE"):
             self._scripts[name] = self._client.register_script(getattr(lua, name))
         await self._sync()
@@ -303,22 +303,27 @@ class RedisShare:
     # ---- in-flight counts and the health of Redis --------------------------------------------------
 
     async def _run(self) -> None:
+        """Sync every interval while up; while down, probe (the sync itself) with backoff <= 1 s."""
         backoff = BACKOFF_MIN
         while True:
             started = self._clock()
-            if self.up:
-                if await self._sync():
-                    self._return_idle(started)
-                self._went_down.clear()
-                if self.up:  # until the next sync, or at once when a lease call finds Redis gone
-                    try:
-                        await asyncio.wait_for(self._went_down.wait(),
-                                               max(0.0, self.interval - (self._clock() - started)))
-                    except TimeoutError:
-                        pass
-            else:
-                await asyncio.sleep(backoff)
-                backoff = BACKOFF_MIN if await self._sync() else min(BACKOFF_MAX, 2 * backoff)
+            try:
+                if self.up:
+                    if await self._sync():
+                        self._return_idle(started)
+                    self._went_down.clear()
+                    if self.up:  # until the next sync, or at once when a lease call finds Redis gone
+                        try:
+                            await asyncio.wait_for(self._went_down.wait(),
+                                                   max(0.0, self.interval - (self._clock() - started)))
+                        except TimeoutError:
+                            pass
+                else:
+                    await asyncio.sleep(backoff)
+                    backoff = BACKOFF_MIN if await self._sync() else min(BACKOFF_MAX, 2 * backoff)
+            except Exception:  # a bug must not end the sharing for good: log it, go on
+                log.exception("redis sharing: unexpected error")
+                await asyncio.sleep(BACKOFF_MAX)
 
     async def _sync(self) -> bool:
         args: list[str] = [self.prefix, self.member, str(int(self.member_ttl * 1000))]
@@ -376,6 +381,11 @@ class RedisShare:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _client_name(machine: str, worker: str) -> str:
+    """``CLIENT SETNAME`` refuses spaces and newlines: keep printable ASCII only."""
+    return "".join(c if "!" <= c <= "~" else "_" for c in f"flexinfer-proxy:{machine}:{worker}")[:128]
 
 
 def _describe(exc: BaseException) -> str:
