@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test bench lint ext clean venv wrk llama image image-tools image-bases test-image
+.PHONY: run test bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ llama: $(VENV)/.llama
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 
+# The real Redis the sharing tests start (tests/redis_server.py: one subprocess per test, no persistence).
+redis-server:
+	@command -v redis-server >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
 run: ext llama
 	@echo
 	@echo "FlexInfer is starting on http://$(HOST):$(PORT) (models from examples/local.yaml, started on first use)"
@@ -45,7 +50,7 @@ run: ext llama
 	@echo
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
-test: ext llama
+test: ext llama redis-server
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 	@echo "==> again without the compiled speedups (FLEXINFER_NO_EXTENSIONS=1): the parts that use them"
 	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/proxy tests/test_layers.py

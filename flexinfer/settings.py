@@ -10,9 +10,11 @@ durations and take a number of seconds (``30``, ``0.5``) or Go syntax (``500ms``
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from flexinfer import units
 
@@ -120,6 +122,14 @@ class UpstreamSettings:
                                         "Largest response head accepted from a backend; over it: protocol error.")
 
 
+_REDIS_NAME = re.compile(r"[!-~]{1,64}")  # printable ASCII, no space: Redis key parts, ids
+
+
+def _redacted(url: str) -> str:
+    """``url`` with the password of ``scheme://user:password@host`` replaced by ``***``."""
+    return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
 @dataclass(frozen=True, slots=True)
 class ProxySettings:
     """Behaviour of the request pipeline (``flexinfer.proxy``)."""
@@ -144,6 +154,15 @@ class ProxySettings:
     max_tokens_clamp: bool = _f(True, "PROXY_MAX_TOKENS_CLAMP_ENABLED", "Clamp max_tokens to the window.")
     max_tokens_reserve: int = _f(512, "PROXY_MAX_TOKENS_CLAMP_PROMPT_RESERVE_TOKENS", "Tokens kept for the prompt.")
     namespace: str = _f("default", "POD_NAMESPACE", "Kubernetes namespace of the proxy.")
+    redis_url: str = _f("", "PROXY_REDIS_URL",
+                        "Redis shared by the proxy replicas (redis://, rediss://, unix://); empty: off.")
+    redis_timeout: float = _f(0.1, "PROXY_REDIS_TIMEOUT",
+                              "Longest wait on one Redis call (connect included); then local state decides.")
+    redis_sync_interval: float = _f(0.1, "PROXY_REDIS_SYNC_INTERVAL",
+                                    "Period of the in-flight counts exchange between replicas.")
+    redis_prefix: str = _f("flexinfer", "PROXY_REDIS_PREFIX", "Prefix of every Redis key (one per deployment).")
+    replica_id: str = _f("", "PROXY_REPLICA_ID",
+                         "This machine's id among the replicas (its workers share it); empty: <hostname>-<pid>.")
     http: HTTPSettings = field(default_factory=HTTPSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
 
@@ -157,6 +176,31 @@ class ProxySettings:
         for name in ("rate_limit_global", "rate_limit_per_model"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0")
+        self._validate_redis()
+
+    def _validate_redis(self) -> None:
+        url = self.redis_url
+        if url:
+            try:
+                parts = urlsplit(url)
+                ok = bool(parts.hostname if parts.scheme in ("redis", "rediss") else
+                          parts.scheme == "unix" and parts.path.strip("/"))
+                parts.port  # noqa: B018 (raises ValueError for a bad port)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise SettingsError(f"PROXY_REDIS_URL must be redis://host[:port][/db], rediss://... or "
+                                    f"unix:///path, got {_redacted(url)!r}")
+        if not 0 < self.redis_timeout <= 10:
+            raise SettingsError(f"PROXY_REDIS_TIMEOUT must be in (0, 10] s, got {self.redis_timeout}")
+        if not 0.01 <= self.redis_sync_interval <= 60:
+            raise SettingsError(f"PROXY_REDIS_SYNC_INTERVAL must be in [0.01, 60] s, got {self.redis_sync_interval}")
+        if not _REDIS_NAME.fullmatch(self.redis_prefix):
+            raise SettingsError("PROXY_REDIS_PREFIX must be 1-64 printable characters without spaces, "
+                                f"got {self.redis_prefix!r}")
+        if self.replica_id and not _REDIS_NAME.fullmatch(self.replica_id):
+            raise SettingsError("PROXY_REPLICA_ID must be 1-64 printable characters without spaces, "
+                                f"got {self.replica_id!r}")
 
     def tokens(self) -> tuple[str, ...]:
         """Every accepted bearer token: from the env list and, if set, the token file."""

@@ -51,6 +51,10 @@ MATRIX: dict[str, dict[str, Any]] = {
     "agent-off": {"agent": {"enabled": False}},
     "kube-all-namespaces": {"proxy": {"allNamespaces": True}},
     "static-proxy": {"proxy": {"kube": False, "staticConfig": {"models": {"m": {"url": "http://m:8000"}}}}},
+    "redis-deploy": {"redis": {"deploy": True}, "networkPolicy": {"enabled": True},
+                     "proxy": {"replicas": 3}},
+    "redis-external": {"redis": {"url": "rediss://redis.example.com:6380/2", "prefix": "prod"},
+                       "proxy": {"autoscaling": {"enabled": True}}},
 }
 #: the matrix entries that also get monitoring.coreos.com/v1 in .Capabilities.APIVersions
 WITH_MONITORING = {"all-on", "monitoring"}
@@ -127,7 +131,7 @@ def test_defaults_render_every_component(rendered: dict[str, list[dict[str, Any]
 
 # ---- security -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["defaults", "all-on", "custom-registry", "static-proxy"])
+@pytest.mark.parametrize("case", ["defaults", "all-on", "custom-registry", "static-proxy", "redis-deploy"])
 def test_every_workload_is_locked_down(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
     workloads = [o for o in rendered[case] if o["kind"] in ("Deployment", "DaemonSet")]
     assert workloads

@@ -110,3 +110,14 @@ securityContext:
   value: {{ $v | toString | quote }}
 {{- end }}
 {{- end }}
+
+{{/* Redis shared by the proxy replicas: the URL the proxy is given ("" when off or from a Secret). */}}
+{{- define "flexinfer.redisServiceName" -}}{{ include "flexinfer.componentName" (dict "ctx" . "component" "redis") }}{{- end }}
+{{- define "flexinfer.redisURL" -}}
+{{- if .Values.redis.deploy -}}
+{{- printf "redis://%s.%s.svc.cluster.local:6379/0" (include "flexinfer.redisServiceName" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.redis.url -}}
+{{- end -}}
+{{- end }}
+{{- define "flexinfer.redisOn" -}}{{ if or .Values.redis.deploy .Values.redis.url .Values.redis.existingSecret }}true{{ end }}{{- end }}
