@@ -53,11 +53,11 @@ class SharedParts:
     def __init__(self, settings: ProxySettings) -> None:
         self.settings = settings
         self.workers = settings.workers
-        sharing = self.workers > 1 or bool(getattr(settings, "redis_url", ""))
+        sharing = self.workers > 1 or bool(settings.redis_url)
         self.machine: MachineState | None = MachineState(self.workers) if sharing else None
         self.metrics_dir: str | None = (tempfile.mkdtemp(prefix="flexinfer-metrics-")
                                         if self.workers > 1 else None)
-        self.machine_id = getattr(settings, "replica_id", "") or f"{socket.gethostname()}-{os.getpid()}"
+        self.machine_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}"
         # per worker process (set after the fork)
         self.redis: RedisShare | None = None
         self.metrics: ProxyMetrics | None = None
@@ -80,7 +80,7 @@ class SharedParts:
         machine_buckets = MachineBuckets(ws.buckets)
         buckets: Any = machine_buckets
         redis = None
-        if getattr(settings, "redis_url", ""):
+        if settings.redis_url:
             from flexinfer.proxy.redisshare import RedisShare
 
             redis = self.redis = RedisShare(settings, metrics.registry, machine_id=self.machine_id,

@@ -22,11 +22,8 @@ from tests.redis_server import RedisServer
 
 @pytest.fixture
 def redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
+    with RedisServer() as server:  # started
         yield server
-    finally:
-        server.stop()
 
 
 def _replicas(stack: ExitStack, inv: Path, redis: RedisServer, **extra: str) -> list[int]:
