@@ -55,9 +55,10 @@ test: ext llama redis-server
 	@echo "==> again without the compiled speedups (FLEXINFER_NO_EXTENSIONS=1): the parts that use them"
 	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/proxy tests/test_layers.py
 
-bench: ext wrk
+bench: ext wrk redis-server
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only
 	$(PY) bench/load_proxy.py
+	$(PY) bench/bench_sharing.py
 	$(PY) bench/bench_activation.py
 	$(PY) bench/bench_extender.py
 	$(PY) bench/bench_flashloader.py
