@@ -32,6 +32,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.load_proxy import lua_script, parse_wrk
 from tests.harness import free_port, wait_port
+from tests.proxy._procs import stop as _stop
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -46,17 +47,6 @@ def _proxy(inv: Path, port: int, workers: int, core: str, **env: str) -> subproc
     return subprocess.Popen(["taskset", "-c", core, PY, "-m", "flexinfer.cli", "--log-level", "warning", "proxy",
                              "-c", str(inv), "--port", str(port), "--workers", str(workers)],
                             cwd=ROOT, env=_env(**env))
-
-
-def _stop(*procs: subprocess.Popen[bytes]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _cpu(pid: int) -> float:
