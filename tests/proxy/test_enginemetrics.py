@@ -143,6 +143,13 @@ def test_huge_page_is_cut_not_parsed() -> None:
     assert st.error == "too_large" and st.waiting is None
 
 
+def test_too_many_recognised_samples_are_cut() -> None:
+    page = "".join(f'vllm:num_requests_waiting{{model_name="m{i}"}} 1\n' for i in range(100))
+    assert parse(page, None, 1.0, max_series=100).waiting == 100.0
+    st = parse(page, None, 1.0, max_series=99)
+    assert st.error == "too_large" and st.waiting is None
+
+
 def test_nan_and_negative_samples_are_unknown_and_kv_is_clamped() -> None:
     st = parse('vllm:num_requests_waiting{a="1"} NaN\nvllm:num_requests_running{a="1"} -3\n'
                'vllm:kv_cache_usage_perc{a="1"} 1.7\n', None, 1.0)
