@@ -15,6 +15,11 @@ It answers ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``
 Every request is recorded in :attr:`StubEngine.requests` and every closed connection in
 :attr:`StubEngine.closed_at` (time.monotonic() of the close), so tests can see exactly what reached
 the engine and how fast an abort propagated. Run standalone: ``python -m tests.stub_engine --port N``.
+
+Engine metrics (optional, off by default): set :attr:`StubEngine.metrics_text` and ``GET /metrics``
+serves it (``metrics_status``, ``metrics_delay`` seconds before the head, ``metrics_framing``
+``length``/``chunked``/``close``); set :attr:`StubEngine.lora_adapters` and ``GET /v1/models`` also
+lists them the way vLLM does (``"parent"``: the base model ``stub``). With neither set, nothing changes.
 """
 
 from __future__ import annotations
@@ -154,7 +159,16 @@ class _Conn(asyncio.Protocol):
                                                     "param": None, "code": f"stub_{code}"}}).encode())
             return
         path = cap.path.split("?")[0]
+        if cap.method == "GET" and path == "/metrics" and self.engine.metrics_text is not None:
+            await self._metrics()
+            return
         if cap.method == "GET" and path in ("/v1/models", "/models"):
+            if self.engine.lora_adapters:
+                self._send(200, json.dumps({"object": "list", "data": [
+                    {"id": "stub", "object": "model", "owned_by": "stub", "root": "stub", "parent": None},
+                    *({"id": a, "object": "model", "owned_by": "stub", "root": f"/adapters/{a}",
+                       "parent": "stub"} for a in self.engine.lora_adapters)]}).encode())
+                return
             self._send(200, b'{"object":"list","data":[{"id":"stub","object":"model","owned_by":"stub"}]}')
             return
         if cap.method == "GET" and path in ("/health", "/healthz", "/"):
@@ -182,6 +196,27 @@ class _Conn(asyncio.Protocol):
                     b'"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}'
                     % (model, json.dumps(content).encode()))
         self._send(200, body)
+
+    async def _metrics(self) -> None:
+        eng = self.engine
+        eng.metrics_hits += 1
+        if eng.metrics_delay:
+            await asyncio.sleep(eng.metrics_delay)
+        text = eng.metrics_text or b""
+        body = text.encode() if isinstance(text, str) else text
+        ctype = b"text/plain; version=0.0.4; charset=utf-8"
+        if eng.metrics_status != 200 or eng.metrics_framing == "length":
+            self._send(eng.metrics_status, body, ctype)
+            return
+        if eng.metrics_framing == "chunked":
+            self._write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n\r\n" % ctype)
+            for i in range(0, len(body), 4096):
+                part = body[i:i + 4096]
+                self._write(b"%x\r\n%s\r\n" % (len(part), part))
+            self._write(b"0\r\n\r\n")
+            return
+        self._write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\nconnection: close\r\n\r\n%s" % (ctype, body))
+        self._close()
 
     async def _stream(self, cap: Captured, model: bytes, path: str) -> None:
         h = cap.headers
@@ -224,6 +259,13 @@ class StubEngine:
         self.open_connections = 0
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
+        # optional engine-metrics page and LoRA adapters (module doc); None / empty: not served
+        self.metrics_text: str | bytes | None = None
+        self.metrics_status = 200
+        self.metrics_delay = 0.0
+        self.metrics_framing = "length"  # "length" | "chunked" | "close"
+        self.metrics_hits = 0
+        self.lora_adapters: list[str] = []
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> StubEngine:
         loop = asyncio.get_running_loop()
