@@ -13,11 +13,11 @@ Contracts:
 - A filter returns a non-empty subset (order kept) when given a non-empty list: when nothing would
   pass it returns its input (a fallback, never an empty list).
 - *Unknown* engine data (``None``: the scrape is stale or absent) never looks idle. The rule is the
-  same for every scorer: an unknown value scores the worst score among the known values of the same
-  request (0 where nothing is known), and a filter keeps unknown endpoints (it cannot prove they
-  fail) while the scorers rank them last. ``least-request`` with unknown ``running`` assumes the
-  engine runs none of the router's in-flight requests (all of them queued: the pessimistic end of
-  Kthena's estimate).
+  same for every scorer: an unknown value scores 0, the floor of the scale, so it is never better
+  than the worst known value (a min-max scale's worst known is 0 too); a filter keeps unknown
+  endpoints (it cannot prove they fail) and leaves ranking them to the scorers. ``least-request``
+  with unknown ``running`` assumes the engine runs none of the router's in-flight requests (all of
+  them queued: the pessimistic end of Kthena's estimate).
 """
 
 from __future__ import annotations
@@ -151,28 +151,15 @@ class LeastLatency:
 
 
 class KVCache:
-    """100 x (1 - KV usage), usage clamped to 0..1. Unknown: the worst known score (0 if none)."""
+    """100 x (1 - KV usage), usage clamped to 0..1. Unknown: 0 (as if full)."""
 
     name: str = "kv-cache"
 
     def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
         out: list[float] = []
-        worst = 101.0  # above any score: "nothing known yet"
-        unknown = False
         for c in cands:
             u = c.kv_usage
-            if u is None:
-                unknown = True
-                out.append(-1.0)
-                continue
-            s = 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u))
-            out.append(s)
-            if s < worst:
-                worst = s
-        if unknown:
-            if worst > 100.0:
-                worst = 0.0
-            out = [worst if s < 0.0 else s for s in out]
+            out.append(0.0 if u is None else 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u)))
         return out
 
 
