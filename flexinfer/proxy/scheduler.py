@@ -25,6 +25,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import add as add_
+from operator import mul
 from typing import Any
 
 from flexinfer.proxy.scorers import (
@@ -170,20 +173,21 @@ class Scheduler:
                 filtered.append(f"{f.name} {len(cands)}->{len(out)}")
                 cands = out
         per: list[list[float]] = []
-        fns = self._fns
-        score, w = fns[0]
-        s = score(req, cands)
-        per.append(s)
-        totals = [w * x for x in s] if w != 1.0 else list(s)
-        for score, w in fns[1:]:
+        add = per.append
+        totals: list[float] | None = None
+        for score, w in self._fns:  # C-level map()s: no comprehension frames
             s = score(req, cands)
-            per.append(s)
-            totals = [t + w * x for t, x in zip(totals, s, strict=True)]
+            if len(s) != len(cands):
+                raise ValueError(f"scheduler: a scorer returned {len(s)} scores for {len(cands)} candidates")
+            add(s)
+            ws = s if w == 1.0 else list(map(mul, s, repeat(w, len(s))))
+            totals = ws if totals is None else list(map(add_, totals, ws))
+        assert totals is not None  # at least one scorer (checked in __init__)
         top: list[int] | None = None
         if self.pick == "best" or len(cands) == 1:
-            index = max(range(len(totals)), key=totals.__getitem__)  # first of equals: stable
+            index = totals.index(max(totals))  # first of equals: stable by the caller's order
         else:
-            top = sorted(range(len(totals)), key=lambda i: -totals[i])[: self.top_n]
+            top = sorted(range(len(totals)), key=totals.__getitem__, reverse=True)[: self.top_n]
             index = self._draw(top, totals)
         return Decision(cands, index, self.names, per, totals, self.pick, top, filtered, n_input)
 

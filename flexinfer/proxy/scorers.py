@@ -22,6 +22,7 @@ Contracts:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -75,29 +76,6 @@ class PrefixHints(Protocol):
 RingPick = Callable[[str, Sequence[Candidate]], "str | None"]
 
 
-def _low_is_best(vals: list[float | None], out: list[float]) -> None:
-    """Min-max normalise ``vals`` (lower = 100, higher = 0) and add half of it into ``out``;
-    unknown adds 0 (the worst known score of a min-max scale)."""
-    lo = hi = None
-    for v in vals:
-        if v is not None:
-            if lo is None or v < lo:
-                lo = v
-            if hi is None or v > hi:
-                hi = v
-    if lo is None or hi is None:
-        return
-    if hi <= lo:
-        for i, v in enumerate(vals):
-            if v is not None:
-                out[i] += 50.0
-        return
-    k = 50.0 / (hi - lo)
-    for i, v in enumerate(vals):
-        if v is not None:
-            out[i] += (hi - v) * k
-
-
 class LeastRequest:
     """Kthena's least-request score: base = in-flight + 100 x max(in-flight - running, 0), the
     second term estimating requests queued in the engine before the next scrape; score =
@@ -107,20 +85,25 @@ class LeastRequest:
     name: str = "least-request"
 
     def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
+        # plain loops: in CPython 3.11 each comprehension costs a frame, more than 16 iterations
         bases: list[float] = []
+        add = bases.append
         mx = 0.0
         for c in cands:
             f = c.in_flight
             r = c.running
-            ex = f if r is None else f - r
-            b = f + EXCESS_FACTOR * ex if ex > 0 else float(f)
-            bases.append(b)
+            b = f * (1.0 + EXCESS_FACTOR) if r is None else f + EXCESS_FACTOR * (f - r) if f > r else f
+            add(b)
             if b > mx:
                 mx = b
         if mx <= 0.0:
             return [100.0] * len(bases)
         k = 100.0 / mx
-        return [(mx - b) * k for b in bases]
+        out: list[float] = []
+        add = out.append
+        for b in bases:
+            add((mx - b) * k)
+        return out
 
 
 class LeastRequestFilter:
@@ -133,7 +116,12 @@ class LeastRequestFilter:
 
     def filter(self, req: Request, cands: Sequence[Candidate]) -> Sequence[Candidate]:
         m = self.max_waiting
-        out = [c for c in cands if c.waiting is None or c.waiting < m]
+        out: list[Candidate] = []
+        add = out.append
+        for c in cands:
+            w = c.waiting
+            if w is None or w < m:
+                add(c)
         return out if out else cands
 
 
@@ -144,9 +132,31 @@ class LeastLatency:
     name: str = "least-latency"
 
     def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
-        out = [0.0] * len(cands)
-        _low_is_best([c.ttft_s for c in cands], out)
-        _low_is_best([c.tpot_s for c in cands], out)
+        inf = math.inf
+        tlo = plo = inf
+        thi = phi = -inf
+        for c in cands:
+            t = c.ttft_s
+            if t is not None:
+                if t < tlo:
+                    tlo = t
+                if t > thi:
+                    thi = t
+            p = c.tpot_s
+            if p is not None:
+                if p < plo:
+                    plo = p
+                if p > phi:
+                    phi = p
+        # each half: 50 at the lowest, 0 at the highest, 50 when all known are equal; unknown 0
+        tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
+        pk = 50.0 / (phi - plo) if phi > plo else 0.0
+        out: list[float] = []
+        add = out.append
+        for c in cands:
+            t = c.ttft_s
+            p = c.tpot_s
+            add((0.0 if t is None else 50.0 - (t - tlo) * tk) + (0.0 if p is None else 50.0 - (p - plo) * pk))
         return out
 
 
@@ -157,29 +167,47 @@ class KVCache:
 
     def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
         out: list[float] = []
+        add = out.append
         for c in cands:
             u = c.kv_usage
-            out.append(0.0 if u is None else 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u)))
+            add(0.0 if u is None else 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u)))
         return out
 
 
 class PrefixCache:
     """100 x (blocks of the prompt the endpoint served before) / (blocks of the prompt), from
-    the router's prefix hints. No hints or no prompt blocks: 0 for all (no preference)."""
+    the router's prefix hints. No hints or no prompt blocks: 0 for all (no preference).
+
+    Hints that also offer ``match_lens(keys, hashes) -> list[int]`` (one call for all candidates,
+    e.g. a global per-model index walked once) are used through it; else ``match_len`` per
+    candidate."""
 
     name: str = "prefix-cache"
 
     def __init__(self, hints: PrefixHints | None = None) -> None:
         self.hints = hints
+        self._batch: Callable[[list[str], list[int]], list[int]] | None = getattr(hints, "match_lens", None)
 
     def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
         hashes = req.prefix_hashes
         hints = self.hints
         if hints is None or not hashes:
             return [0.0] * len(cands)
-        match = hints.match_len
         k = 100.0 / len(hashes)
-        return [match(c.key, hashes) * k for c in cands]
+        out: list[float] = []
+        add = out.append
+        if self._batch is not None:
+            keys: list[str] = []
+            put = keys.append
+            for c in cands:
+                put(c.key)
+            for n in self._batch(keys, hashes):
+                add(n * k)
+            return out
+        match = hints.match_len
+        for c in cands:
+            add(match(c.key, hashes) * k)
+        return out
 
 
 class SessionAffinity:

@@ -103,6 +103,27 @@ def test_prefix_cache_match_share_from_the_routers_store() -> None:
     assert PrefixCache(None).score(Request("m", prefix_hashes=hashes), cs) == [0.0, 0.0, 0.0]  # no hints
 
 
+class _BatchStore(PrefixStore):
+    """The router's store plus the optional one-call ``match_lens`` (counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_calls = 0
+
+    def match_lens(self, keys: list[str], hashes: list[int]) -> list[int]:
+        self.batch_calls += 1
+        return [self.match_len(k, hashes) for k in keys]
+
+
+def test_prefix_cache_uses_batched_hints_when_offered() -> None:
+    store = _BatchStore()
+    hashes = chained_block_hashes("batched lookups " * 100, 64, 128)
+    store.record("10.0.0.2:8000", hashes[:3])
+    cs = [cand(i, in_flight=0) for i in range(3)]
+    got = PrefixCache(store).score(Request("m", prefix_hashes=hashes), cs)
+    assert got == approx([0, 0, 300 / len(hashes)]) and store.batch_calls == 1
+
+
 def _ring_pick(loads: dict[str, int]) -> tuple[HashRing, object]:
     ring = HashRing([f"10.0.0.{i}:8000" for i in range(4)])
 
