@@ -108,11 +108,15 @@ class Decision:
 
     def header(self, max_len: int = HEADER_MAX) -> str:
         """``pick=K; reason=...; K t=T name=S ...; ...`` (chosen first, then by total), ASCII, at
-        most ``max_len`` characters: candidates that do not fit become ``+N more``."""
+        most ``max_len`` characters: candidates that do not fit become ``+N more`` (a reason too
+        long for the bound is cut with ``...``)."""
         head = f"pick={self.key}; reason={self.reason}"
-        if len(head) > max_len:
-            return head[: max_len - 3] + "..."
         order = [self.index] + [i for i in self.ranking() if i != self.index]
+        more = f"; +{len(order)} more"
+        if len(head) + len(more) > max_len:  # cut the reason, keep the count of what is not shown
+            if max_len < len(more) + 3:
+                return (head + more)[:max_len]
+            return head[: max_len - len(more) - 3] + "..." + more
         names, per, parts, used = self._names, self._per, [head], len(head)
         for done, i in enumerate(order):
             part = f"{self._cands[i].key} t={self._totals[i]:.1f} " + " ".join(

@@ -382,3 +382,18 @@ def test_header_is_bounded() -> None:
         shown = h.count("10.1.") - 1
         assert h.endswith(f"+{64 - shown} more")
     assert len(d.header(20)) <= 20
+
+
+def test_header_bound_holds_at_every_limit_and_counts_the_rest() -> None:
+    cs = [Candidate(f"10.2.0.{i}:8000", in_flight=i % 3, running=0, kv_usage=i / 20) for i in range(12)]
+    d = parse_config("least-request,kv-cache").choose(REQ, cs)
+    for limit in range(1, 700):
+        h = d.header(limit)
+        assert len(h) <= limit, limit
+        if limit < 20:
+            continue
+        shown = max(h.count("10.2.") - 1, 0)
+        if shown < 12:
+            assert h.endswith(f"; +{12 - shown} more"), (limit, h)
+        else:
+            assert h == d.header(100_000)
