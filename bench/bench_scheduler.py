@@ -1,0 +1,114 @@
+"""Benchmarks: the ``scored`` scheduler's cost per request (pytest-benchmark; reported, not asserted).
+
+Run: ``.venv/bin/python -m pytest bench/bench_scheduler.py --benchmark-only -p no:cacheprovider``
+(or ``python bench/bench_scheduler.py``; add ``--benchmark-json=out.json`` to keep the numbers).
+The issue's budget: <= 15 us per ``choose()`` with 16 endpoints and 4 plugins. Cases (16 endpoints,
+the least-request filter, scores least-request + least-latency + kv-cache + prefix-cache unless said):
+
+- ``4-plugins/prefix-store``: prefix hints are today's :class:`PrefixStore` (binary search per
+  endpoint): what the router pays with the store as it is.
+- ``4-plugins/batched-hints``: hints that answer ``match_lens`` in one call from a table: the
+  scheduler's own cost, apart from the store's.
+- ``4-plugins/weighted-random``: as above, top 3, weighted-random pick.
+- ``kthena-default``: the default chain (least-request, least-latency, prefix-cache; PrefixStore).
+- ``build-candidates``: building the 16 :class:`Candidate` objects (the router's side, per request).
+- ``header``: the opt-in explain header of one decision.
+
+Each case prints its per-call time (the minimum round) and stores it in ``extra_info["per_op_us"]``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from flexinfer._speedups import chained_block_hashes
+from flexinfer.proxy.routing import PrefixStore
+from flexinfer.proxy.scheduler import Candidate, Request, parse_config
+
+N = 16
+KEYS = [f"10.0.{i // 200}.{i % 200 + 1}:8000" for i in range(N)]
+HASHES = chained_block_hashes("You are a helpful assistant. Answer briefly and cite sources. " * 200, 64, 128)
+FOUR = "least-request,least-latency,kv-cache,prefix-cache;filters=least-request"
+
+
+def _cands() -> list[Candidate]:
+    # varied state: 2 of 16 over the waiting limit, one with stale (unknown) engine metrics
+    out = []
+    for i, k in enumerate(KEYS):
+        stale = i == 5
+        out.append(Candidate(k, i % 5, waiting=None if stale else float(i % 12),
+                             running=None if stale else float(i % 4), kv_usage=None if stale else (i * 37 % 100) / 100,
+                             ttft_s=None if stale else 0.1 + i * 0.013, tpot_s=None if stale else 0.02 + (i % 3) * 0.005,
+                             adapters=None))
+    return out
+
+
+def _store() -> PrefixStore:
+    store = PrefixStore()
+    for i, k in enumerate(KEYS):
+        store.record(k, HASHES[: (i * 9) % len(HASHES)])
+    return store
+
+
+class _Table:
+    """Prefix hints answering every candidate in one call from a precomputed table."""
+
+    def __init__(self, store: PrefixStore) -> None:
+        self.lens = {k: store.match_len(k, HASHES) for k in KEYS}
+
+    def match_len(self, ep: str, hashes: list[int]) -> int:
+        return self.lens.get(ep, 0)
+
+    def match_lens(self, keys: list[str], hashes: list[int]) -> list[int]:
+        get = self.lens.get
+        return [get(k, 0) for k in keys]
+
+
+def _choose(spec: str, hints: Any) -> Callable[[], Any]:
+    sched = parse_config(spec, prefix_hints=hints, rng=random.Random(1))
+    req, cands = Request("m", prefix_hashes=HASHES), _cands()
+    return lambda: sched.choose(req, cands)
+
+
+def _build() -> Callable[[], Any]:
+    def build() -> list[Candidate]:
+        return [Candidate(k, 3, 1.0, 2.0, 0.5, 0.2, 0.02, None) for k in KEYS]
+    return build
+
+
+def _header() -> Callable[[], Any]:
+    d = _choose(FOUR, _store())()
+    return d.header
+
+
+CASES: dict[str, Callable[[], Callable[[], Any]]] = {
+    "4-plugins/prefix-store": lambda: _choose(FOUR, _store()),
+    "4-plugins/batched-hints": lambda: _choose(FOUR, _Table(_store())),
+    "4-plugins/weighted-random": lambda: _choose(FOUR + ";top=3;pick=weighted-random", _Table(_store())),
+    "kthena-default": lambda: _choose("least-request,least-latency,prefix-cache;filters=least-request", _store()),
+    "build-candidates": _build,
+    "header": _header,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_scheduler(benchmark: Any, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    fn = CASES[case]()
+    benchmark.group = "scheduler"
+    benchmark(fn)
+    if benchmark.stats is None:  # --benchmark-disable
+        return
+    per_op = benchmark.stats.stats.min
+    benchmark.extra_info["per_op_us"] = per_op * 1e6
+    with capsys.disabled():
+        print(f"\n{case:28s} {per_op * 1e6:8.2f} us per call (min; budget 15 us for choose, 16 endpoints, 4 plugins)")
+
+
+if __name__ == "__main__":  # `python bench/bench_scheduler.py` (pytest does not collect bench_*.py)
+    import sys
+
+    raise SystemExit(pytest.main([__file__, "--benchmark-only", "-p", "no:cacheprovider", *sys.argv[1:]]))
