@@ -153,6 +153,12 @@ class ProxySettings:
     queue_keepalive_interval: float = _f(5.0, "PROXY_QUEUE_KEEPALIVE_INTERVAL", "Seconds between SSE waiting comments.")
     max_tokens_clamp: bool = _f(True, "PROXY_MAX_TOKENS_CLAMP_ENABLED", "Clamp max_tokens to the window.")
     max_tokens_reserve: int = _f(512, "PROXY_MAX_TOKENS_CLAMP_PROMPT_RESERVE_TOKENS", "Tokens kept for the prompt.")
+    eject_consecutive: int = _f(5, "PROXY_EJECT_CONSECUTIVE",
+                                "Consecutive connect errors, 5xx or timeouts that eject an endpoint (0: never).")
+    eject_base: float = _f(30.0, "PROXY_EJECT_BASE", "First ejection; the n-th lasts n times this.")
+    eject_max: float = _f(300.0, "PROXY_EJECT_MAX", "Longest ejection.")
+    eject_max_share: float = _f(0.5, "PROXY_EJECT_MAX_SHARE",
+                                "Largest share of a model's endpoints ejected at once (one always stays).")
     namespace: str = _f("default", "POD_NAMESPACE", "Kubernetes namespace of the proxy.")
     redis_url: str = _f("", "PROXY_REDIS_URL",
                         "Redis shared by the proxy replicas (redis://, rediss://, unix://); empty: off.")
@@ -173,6 +179,12 @@ class ProxySettings:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
         if self.max_queue_size < 0:
             raise SettingsError("PROXY_MAX_QUEUE_SIZE must be >= 0")
+        if self.eject_consecutive < 0:
+            raise SettingsError(f"PROXY_EJECT_CONSECUTIVE must be >= 0, got {self.eject_consecutive}")
+        if self.eject_consecutive and not 0 < self.eject_base <= self.eject_max:
+            raise SettingsError("PROXY_EJECT_BASE must be > 0 and <= PROXY_EJECT_MAX")
+        if not 0.0 <= self.eject_max_share <= 1.0:
+            raise SettingsError(f"PROXY_EJECT_MAX_SHARE must be within [0, 1], got {self.eject_max_share}")
         for name in ("rate_limit_global", "rate_limit_per_model"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0")

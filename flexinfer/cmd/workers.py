@@ -32,7 +32,7 @@ from flexinfer.http.server import current_worker
 from flexinfer.proxy.limits import Limiter, MachineBuckets
 from flexinfer.proxy.machine import MachineState, SharedLoad, SharedPrefixStore
 from flexinfer.proxy.metrics import ProxyMetrics
-from flexinfer.proxy.pipeline import ProxyHandler
+from flexinfer.proxy.pipeline import ProxyHandler, ejector_for
 from flexinfer.proxy.routing import Router
 from flexinfer.runtime.base import Inventory, Scaler
 from flexinfer.settings import ProxySettings
@@ -87,7 +87,8 @@ class SharedParts:
                                             worker_id=str(index), local_load=ws.counts.own_items,
                                             fallback=machine_buckets.take)
             buckets = redis
-        router = Router(load=SharedLoad(ws.counts, redis), prefixes=SharedPrefixStore(ws.prefixes, ws.counts))
+        router = Router(load=SharedLoad(ws.counts, redis), prefixes=SharedPrefixStore(ws.prefixes, ws.counts),
+                        ejector=ejector_for(settings))
         limiter = Limiter(settings, metrics, buckets=buckets) if settings.rate_limit_enabled else None
         return ProxyHandler(inventory, settings, metrics=metrics, router=router, limiter=limiter,
                             scaler=scaler, **kw)

@@ -9,6 +9,7 @@ per-request metrics.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -38,6 +39,9 @@ _DROP_DOWN = frozenset({
     b"upgrade", b"content-length", b"date", b"server", b"x-request-id",
 })
 _SSE = b"text/event-stream"
+
+
+log = logging.getLogger("flexinfer.proxy")
 
 
 def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
@@ -100,6 +104,7 @@ class Forwarder:
             except UpstreamConnectError as exc:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason).inc()
+                self._outcome(view, ep, False, "connect")
                 if not exclude and len(view.endpoints) > 1:
                     exclude = frozenset((ep.key,))
                     self.metrics.upstream_retries.labels(view.name).inc()
@@ -108,11 +113,23 @@ class Forwarder:
             except UpstreamError as exc:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason).inc()
+                self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
                 raise _map_upstream(exc, view) from None
             except BaseException:
                 self.router.release(ep)
                 raise
+            if self.router.ejector is not None:
+                self._outcome(view, ep, up.status < 500, "ok" if up.status < 500 else "5xx")
             return up, ep, strategy, source
+
+    def _outcome(self, view: ModelView, ep: Endpoint, ok: bool, kind: str) -> None:
+        """Tell the ejector how the exchange went; count and log an ejection once."""
+        ejector = self.router.ejector
+        if ejector is not None and ejector.record(ep.key, ok, kind):
+            self.metrics.endpoint_ejections.labels(view.name, ep.key).inc()
+            st = ejector.state(ep.key)
+            log.warning("endpoint %s of %s ejected for %.0fs after %d consecutive failures (last: %s)",
+                        ep.key, view.name, st["ejected_for_s"], ejector.consecutive, kind)
 
     async def _error_into_stream(self, up: UpstreamResponse, resp: ResponseWriter, view: ModelView) -> None:
         """The backend refused a request whose SSE response was already started: say it as an event."""
@@ -175,6 +192,9 @@ class Forwarder:
                     self.router.release(ep)
         finally:
             stats.in_flight -= 1
+
+
+_TIMEOUTS = frozenset(("connect_timeout", "response_timeout", "idle_timeout"))
 
 
 def sse_error(err: errors.FlexInferError) -> bytes:

@@ -208,6 +208,9 @@ class ProxyMetrics:
                                      ["model"], registry=reg)
         self.rate_limited = Counter(f"{PREFIX}_rate_limited", "Requests refused by a rate limit.",
                                     ["model", "scope"], registry=reg)
+        self.endpoint_ejections = Counter(f"{PREFIX}_endpoint_ejections",
+                                          "Endpoints taken out of rotation after consecutive failures.",
+                                          ["model", "endpoint"], registry=reg)
         self.routing_decisions = Counter(f"{PREFIX}_routing_decisions", "Routing decisions.",
                                          ["model", "strategy", "key_source"], registry=reg)
         self.max_tokens_clamped = Counter(f"{PREFIX}_max_tokens_clamped", "max_tokens lowered to fit.",

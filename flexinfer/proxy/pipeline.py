@@ -26,6 +26,7 @@ from flexinfer.proxy import extract
 from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
+from flexinfer.proxy.ejection import Ejector
 from flexinfer.proxy.forward import Forwarder, sse_error
 from flexinfer.proxy.limits import Limiter
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -40,6 +41,13 @@ JSON = [(b"content-type", b"application/json")]
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}\Z")
 _HEALTH_BODY = b'{"status":"ok"}'
 _CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
+
+
+def ejector_for(settings: ProxySettings) -> Ejector | None:
+    """The passive outlier ejection the settings ask for (None: ``PROXY_EJECT_CONSECUTIVE=0``)."""
+    if settings.eject_consecutive <= 0:
+        return None
+    return Ejector(settings.eject_consecutive, settings.eject_base, settings.eject_max_share, settings.eject_max)
 
 
 class AdminRoutes(Protocol):
@@ -64,7 +72,7 @@ class ProxyHandler:
         self.settings = settings
         self.metrics = metrics or ProxyMetrics()
         self.pools = pools or Pools(settings.upstream)
-        self.router = router or Router()
+        self.router = router or Router(ejector=ejector_for(settings))
         if limiter is None and settings.rate_limit_enabled:
             limiter = Limiter(settings, self.metrics)
         self.limiter = limiter

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 from flexinfer._speedups import HashRing, chained_block_hashes
+from flexinfer.proxy.ejection import Ejector
 from flexinfer.runtime.base import Endpoint, ModelView
 
 CACHE_KEY_RE = re.compile(r"[A-Za-z0-9._:/=\-]{1,128}\Z")
@@ -237,7 +238,9 @@ class Router:
     """Picks an endpoint per request and tracks in-flight counts per endpoint."""
 
     def __init__(self, prefix_capacity: int = PREFIX_LRU, *, load: LoadCounter | None = None,
-                 prefixes: PrefixHints | None = None) -> None:
+                 prefixes: PrefixHints | None = None, ejector: Ejector | None = None) -> None:
+        #: passive outlier ejection: endpoints that failed in a row are skipped (None: never)
+        self.ejector = ejector
         self.load: LoadCounter = load if load is not None else cast(LoadCounter, LocalLoad())
         self.prefixes: PrefixHints = prefixes if prefixes is not None else PrefixStore(prefix_capacity)
         self._models: dict[str, _ModelState] = {}
@@ -266,7 +269,14 @@ class Router:
              exclude: frozenset[str] = frozenset()) -> tuple[Endpoint, str, str]:
         """(endpoint, strategy, key source) for one request; LookupError when none is left."""
         st = self._state(view)
-        eps = view.endpoints if not exclude else tuple(e for e in view.endpoints if e.key not in exclude)
+        eps = view.endpoints
+        if self.ejector is not None and len(eps) > 1:
+            keys = [e.key for e in eps]
+            usable = self.ejector.usable(keys)
+            if len(usable) != len(keys):  # some are out: the ring walks past them like past a refusal
+                exclude = exclude | (set(keys) - set(usable))
+        if exclude:
+            eps = tuple(e for e in eps if e.key not in exclude)
         if not eps:
             raise LookupError(view.name)
         strategy = view.routing
