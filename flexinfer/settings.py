@@ -153,6 +153,11 @@ class ProxySettings:
     queue_keepalive_interval: float = _f(5.0, "PROXY_QUEUE_KEEPALIVE_INTERVAL", "Seconds between SSE waiting comments.")
     max_tokens_clamp: bool = _f(True, "PROXY_MAX_TOKENS_CLAMP_ENABLED", "Clamp max_tokens to the window.")
     max_tokens_reserve: int = _f(512, "PROXY_MAX_TOKENS_CLAMP_PROMPT_RESERVE_TOKENS", "Tokens kept for the prompt.")
+    engine_scrape_interval: float = _f(1.0, "PROXY_ENGINE_SCRAPE_INTERVAL",
+                                       "How often the engines of 'scored' models are scraped (/metrics, /v1/models).")
+    engine_scrape_timeout: float = _f(0.5, "PROXY_ENGINE_SCRAPE_TIMEOUT", "Longest wait for one engine's page.")
+    engine_metrics_max_age: float = _f(2.0, "PROXY_ENGINE_METRICS_MAX_AGE",
+                                       "Engine metrics older than this count as unknown (never as idle).")
     eject_consecutive: int = _f(5, "PROXY_EJECT_CONSECUTIVE",
                                 "Consecutive connect errors, 5xx or timeouts that eject an endpoint (0: never).")
     eject_base: float = _f(30.0, "PROXY_EJECT_BASE", "First ejection; the n-th lasts n times this.")
@@ -179,6 +184,9 @@ class ProxySettings:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
         if self.max_queue_size < 0:
             raise SettingsError("PROXY_MAX_QUEUE_SIZE must be >= 0")
+        if not 0 < self.engine_scrape_timeout <= self.engine_scrape_interval < self.engine_metrics_max_age:
+            raise SettingsError("engine scraping needs 0 < PROXY_ENGINE_SCRAPE_TIMEOUT <= "
+                                "PROXY_ENGINE_SCRAPE_INTERVAL < PROXY_ENGINE_METRICS_MAX_AGE")
         if self.eject_consecutive < 0:
             raise SettingsError(f"PROXY_EJECT_CONSECUTIVE must be >= 0, got {self.eject_consecutive}")
         if self.eject_consecutive and not 0 < self.eject_base <= self.eject_max:

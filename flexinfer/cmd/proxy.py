@@ -85,7 +85,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
     from flexinfer.cmd.workers import SharedParts
+    from flexinfer.proxy.scheduler import DEFAULT_SPEC, parse_config
 
+    for v in inventory.models():
+        if v.routing == "scored":
+            try:
+                parse_config(v.scheduler or DEFAULT_SPEC)
+            except ValueError as exc:
+                print(f"flexinfer proxy: {args.config}: model {v.name!r}: scheduler: {exc}", file=sys.stderr)
+                return 2
     names = ", ".join(v.name for v in inventory.models())
     log.info("flexinfer proxy on http://%s:%d serving %s", settings.host, settings.port, names)
     parts = SharedParts(settings)  # before the fork: the children inherit the shared memory

@@ -40,6 +40,7 @@ from flexinfer.settings import ProxySettings
 if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
     from flexinfer.proxy.redisshare import RedisShare
+    from flexinfer.proxy.scrape import EngineScraper
 
 log = logging.getLogger("flexinfer.proxy")
 
@@ -62,9 +63,32 @@ class SharedParts:
         self.redis: RedisShare | None = None
         self.metrics: ProxyMetrics | None = None
         self._publisher: asyncio.Task[None] | None = None
+        self.scraper: EngineScraper | None = None
 
     # -- in the worker ------------------------------------------------------------------------
     def handler(self, inventory: Inventory, *, scaler: Scaler | None = None, **kw: Any) -> ProxyHandler:
+        handler = self._handler(inventory, scaler=scaler, **kw)
+        self._scrape_engines(inventory, handler.router)
+        return handler
+
+    def _scrape_engines(self, inventory: Inventory, router: Router) -> None:
+        """The engine metrics of the ``scored`` models' endpoints, for the router (one scraper per
+        worker process; it starts with the worker and follows the inventory's changes)."""
+        from flexinfer.proxy.scrape import EngineScraper
+
+        s = self.settings
+        scraper = self.scraper = EngineScraper(interval=s.engine_scrape_interval, timeout=s.engine_scrape_timeout,
+                                               max_age=s.engine_metrics_max_age)
+
+        def follow(_view: object = None) -> None:
+            scraper.set_endpoints(sorted({e.key for v in inventory.models() if v.routing == "scored"
+                                          for e in v.endpoints}))
+
+        follow()
+        inventory.subscribe(follow)
+        router.engine_state = scraper.state
+
+    def _handler(self, inventory: Inventory, *, scaler: Scaler | None = None, **kw: Any) -> ProxyHandler:
         settings = self.settings
         if self.machine is None:
             return ProxyHandler(inventory, settings, scaler=scaler, **kw)
@@ -94,6 +118,8 @@ class SharedParts:
                             scaler=scaler, **kw)
 
     async def start(self, _server: HTTPServer | None = None) -> None:
+        if self.scraper is not None:
+            await self.scraper.start()
         if self.redis is not None:
             await self.redis.start()
         if self.metrics is not None and self.metrics_dir is not None:
@@ -109,6 +135,8 @@ class SharedParts:
             self.metrics.publish()  # the final figures, for the scrapes of the workers still up
         if self.redis is not None:
             await self.redis.stop()
+        if self.scraper is not None:
+            await self.scraper.stop()
 
     async def _publish(self) -> None:
         assert self.metrics is not None

@@ -12,6 +12,10 @@ Strategies (per model, from its ``routing`` setting or the ``flexinfer.ai/routin
 - ``prefix-cache``: chained 64-byte block hashes of the prompt matched against a :class:`PrefixStore`
   that remembers which endpoint served which blocks; among the top 5 longest matches the least
   loaded wins.
+- ``scored``: the scheduler chain of :mod:`flexinfer.proxy.scheduler` (filters, weighted scorers, top-N,
+  pick) over each endpoint's in-flight count and its engine's scraped metrics (``engine_state``, from
+  :mod:`flexinfer.proxy.scrape`; unknown when stale, never idle); per model ``scheduler`` names the
+  chain, Kthena's defaults otherwise (least-request, least-latency, prefix-cache; least-request filter).
 - ``least-loaded``: fewest in-flight requests: this process's (:class:`LocalLoad`), or with
   ``--workers N`` every worker's of the machine and, with Redis sharing, every replica's
   (:class:`flexinfer.proxy.machine.SharedLoad`).
@@ -25,11 +29,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from flexinfer._speedups import HashRing, chained_block_hashes
 from flexinfer.proxy.ejection import Ejector
+from flexinfer.proxy.enginemetrics import EngineState
+from flexinfer.proxy.scheduler import DEFAULT_SPEC, Candidate, Request, Scheduler, parse_config
 from flexinfer.runtime.base import Endpoint, ModelView
 
 CACHE_KEY_RE = re.compile(r"[A-Za-z0-9._:/=\-]{1,128}\Z")
@@ -241,6 +247,9 @@ class Router:
                  prefixes: PrefixHints | None = None, ejector: Ejector | None = None) -> None:
         #: passive outlier ejection: endpoints that failed in a row are skipped (None: never)
         self.ejector = ejector
+        #: the engine metrics of an endpoint for ``scored`` (None: unknown; set by the composition root)
+        self.engine_state: Callable[[str], EngineState | None] | None = None
+        self._schedulers: dict[str | None, Scheduler] = {}
         self.load: LoadCounter = load if load is not None else cast(LoadCounter, LocalLoad())
         self.prefixes: PrefixHints = prefixes if prefixes is not None else PrefixStore(prefix_capacity)
         self._models: dict[str, _ModelState] = {}
@@ -295,12 +304,47 @@ class Router:
                 if picked is not None:
                     return picked, strategy, source
             return self._least_loaded(eps), strategy, "fallback-least-loaded"
+        if strategy == "scored":
+            return self._scored(view, eps, data, req)
         if strategy == "prefix-cache":
             hashes = self._hashes(data)
             ep, source = self._prefix_cache_pick(eps, hashes)
             self.prefixes.record(ep.key, hashes)
             return ep, strategy, source
         return self._least_loaded(eps), "least-loaded", "in-flight"
+
+    def scheduler(self, spec: str | None) -> Scheduler:
+        """The chain ``spec`` names (None: the default), built once and bound to this router's hints;
+        ValueError for a bad spec (the composition root checks every model's at start)."""
+        sched = self._schedulers.get(spec)
+        if sched is None:
+            sched = self._schedulers[spec] = parse_config(spec or DEFAULT_SPEC, prefix_hints=self.prefixes)
+        return sched
+
+    def _scored(self, view: ModelView, eps: tuple[Endpoint, ...], data: dict[str, Any] | None,
+                req: _Headers) -> tuple[Endpoint, str, str]:
+        sched = self.scheduler(view.scheduler)
+        state = self.engine_state
+        get = self.load.get
+        cands = []
+        for e in eps:
+            es = state(e.key) if state is not None else None
+            if es is None:
+                cands.append(Candidate(e.key, get(e.key, 0)))
+            else:
+                cands.append(Candidate(e.key, get(e.key, 0), es.waiting, es.running, es.kv_usage, es.ttft_s,
+                                       es.tpot_s, es.adapters))
+        hashes = self._hashes(data)
+        adapter = None
+        if not view.rewrite_model and data is not None and isinstance(data.get("model"), str):
+            adapter = data["model"]  # a LoRA adapter routed to its parent's replicas
+        session, _ = session_key(data, req)
+        decision = sched.choose(Request(view.name, adapter, session, hashes), cands)
+        key = decision.key
+        ep = next(e for e in eps if e.key == key)
+        if hashes:
+            self.prefixes.record(ep.key, hashes)
+        return ep, "scored", sched.pick
 
     def _ring_pick(self, st: _ModelState, key: str, exclude: frozenset[str]) -> Endpoint | None:
         name = st.ring.get_bounded(key, self.load.loads(st.ring_nodes), BOUNDED_LOAD_EPSILON)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-ROUTING_STRATEGIES = ("default", "round-robin", "session-affinity", "prefix", "prefix-cache", "least-loaded")
+ROUTING_STRATEGIES = ("default", "round-robin", "session-affinity", "prefix", "prefix-cache", "least-loaded",
+                      "scored")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class ModelView:
     served_name: str | None = None  # body "model" is rewritten to this (None: left as sent)
     aliases: tuple[str, ...] = ()
     routing: str = "default"
+    scheduler: str | None = None  # the ``scored`` chain ("least-request:1,...;filters=..."); None: the default
     cold_start_timeout: float | None = None
     context_window: int | None = None
     rewrite_model: bool = True  # False for a LoRA adapter routed to its parent: body untouched

@@ -7,7 +7,8 @@ Format (``examples/static.yaml``)::
         endpoints: [http://127.0.0.1:18001]
         served_name: SmolLM2          # optional: body "model" rewritten to this
         aliases: [small]              # optional
-        routing: default              # default | round-robin | session-affinity | prefix | prefix-cache | least-loaded
+        routing: default              # default | round-robin | session-affinity | prefix | prefix-cache | least-loaded | scored
+        scheduler: "least-request:1,kv-cache:1;filters=least-request"   # with scored: the chain (default: Kthena's)
         context_window: 2048          # optional: enables the max_tokens clamp
 
 Models of a static inventory are always ready; it has no scaler.
@@ -53,6 +54,10 @@ def parse_model(entry: Mapping[str, Any]) -> ModelView:
     routing = entry.get("routing", "default")
     if routing not in ROUTING_STRATEGIES:
         raise InventoryConfigError(f"model {name!r}: routing must be one of {', '.join(ROUTING_STRATEGIES)}")
+    scheduler = entry.get("scheduler")
+    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler.strip()):
+        raise InventoryConfigError(f"model {name!r}: scheduler must be a non-empty string "
+                                   "like 'least-request:1,prefix-cache:1;filters=least-request'")
     window = entry.get("context_window")
     if window is not None and (not isinstance(window, int) or window <= 0):
         raise InventoryConfigError(f"model {name!r}: context_window must be a positive integer")
@@ -66,6 +71,7 @@ def parse_model(entry: Mapping[str, Any]) -> ModelView:
         served_name=served,
         aliases=_str_list(name, "aliases", entry.get("aliases")),
         routing=routing,
+        scheduler=scheduler,
         context_window=window,
         metadata={"backend": str(entry.get("backend", "static"))},
     )
