@@ -59,6 +59,7 @@ bench: ext wrk redis-server
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only
 	$(PY) bench/load_proxy.py
 	$(PY) bench/bench_sharing.py
+	$(PY) bench/bench_routing.py
 	$(PY) bench/bench_activation.py
 	$(PY) bench/bench_extender.py
 	$(PY) bench/bench_flashloader.py
