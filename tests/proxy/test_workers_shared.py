@@ -13,15 +13,18 @@ from pathlib import Path
 
 from tests.proxy._procs import Load, inventory, proxy, request, samples, stub_engines
 
-LIMIT = {"PROXY_RATE_LIMIT_ENABLED": "true", "PROXY_RATE_LIMIT_GLOBAL": "100", "PROXY_RATE_LIMIT_GLOBAL_BURST": "20",
+# A bucket refills only up to its burst: a pause of the load (a busy CI machine stalling the client)
+# longer than burst/rate loses tokens and looks like under-admission. A burst of one second's worth
+# keeps the figure about sharing; without it, 2 workers admit ~2 x (r·T + b).
+LIMIT = {"PROXY_RATE_LIMIT_ENABLED": "true", "PROXY_RATE_LIMIT_GLOBAL": "100", "PROXY_RATE_LIMIT_GLOBAL_BURST": "100",
          "PROXY_RATE_LIMIT_PER_MODEL": "100000", "PROXY_RATE_LIMIT_BURST": "100000"}
 
 
 def test_two_workers_admit_r_t_plus_b(tmp_path: Path) -> None:
     with stub_engines(1) as engines, proxy(inventory(tmp_path, engines), workers=2, **LIMIT) as port:
-        load = asyncio.run(Load([port], seconds=5.0, concurrency=16).run())
+        load = asyncio.run(Load([port], seconds=5.0, concurrency=8).run())
     window = load.window
-    expected = 100 * window + 20
+    expected = 100 * window + 100
     admitted = load.codes[200]
     assert set(load.codes) <= {200, 429}, load.codes
     assert load.codes[429] > admitted, load.codes  # overloaded: the limit was what decided
