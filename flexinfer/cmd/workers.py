@@ -20,9 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
-import socket
 import tempfile
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +31,9 @@ from flexinfer.proxy.limits import Limiter, MachineBuckets
 from flexinfer.proxy.machine import MachineState, SharedLoad, SharedPrefixStore
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.pipeline import ProxyHandler, ejector_for
+from flexinfer.proxy.redisshare import default_machine_id
 from flexinfer.proxy.routing import Router
+from flexinfer.proxy.workermetrics import PUBLISH_INTERVAL
 from flexinfer.runtime.base import Inventory, Scaler
 from flexinfer.settings import ProxySettings
 
@@ -43,10 +43,6 @@ if TYPE_CHECKING:
     from flexinfer.proxy.scrape import EngineScraper
 
 log = logging.getLogger("flexinfer.proxy")
-
-#: How often a worker publishes its metrics for the others (it also publishes before each scrape).
-PUBLISH_INTERVAL = 1.0
-
 
 class SharedParts:
     """Built once in the parent; each worker calls :meth:`handler` after the fork."""
@@ -58,7 +54,7 @@ class SharedParts:
         self.machine: MachineState | None = MachineState(self.workers) if sharing else None
         self.metrics_dir: str | None = (tempfile.mkdtemp(prefix="flexinfer-metrics-")
                                         if self.workers > 1 else None)
-        self.machine_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.machine_id = default_machine_id(settings.replica_id)  # in the parent: one id for its workers
         # per worker process (set after the fork)
         self.redis: RedisShare | None = None
         self.metrics: ProxyMetrics | None = None

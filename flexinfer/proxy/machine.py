@@ -131,16 +131,9 @@ class SharedLoad:
                 out = [n + remote.get(k, 0) for n, k in zip(out, keys, strict=True)]
         return out
 
-    def local(self, key: str) -> int:
-        """This machine's count only (what the runtime's idle and drain checks need)."""
-        return self._counts.get(key)
-
-    def own(self) -> dict[str, int]:
-        """This worker's own open requests by endpoint (what it publishes to Redis)."""
-        return self._counts.own_items()
-
     def snapshot(self) -> dict[str, int]:
-        return {k: n for k, n in self._counts.own_items().items() if n}
+        """This worker's own open requests by endpoint (non-zero only)."""
+        return self._counts.own_items()
 
 
 class SharedPrefixStore:

@@ -230,11 +230,12 @@ class LocalLoad(dict[str, int]):
 
 
 class _ModelState:
-    __slots__ = ("by_key", "endpoints", "ring", "ring_nodes", "rr")
+    __slots__ = ("by_key", "endpoints", "keys", "ring", "ring_nodes", "rr")
 
     def __init__(self) -> None:
         self.endpoints: tuple[Endpoint, ...] = ()
         self.by_key: dict[str, Endpoint] = {}
+        self.keys: list[str] = []  # the endpoints' keys in view order (the ejector's input)
         self.ring = HashRing()
         self.ring_nodes: tuple[str, ...] = ()  # the ring's node order: the order of its loads list
         self.rr = 0
@@ -268,6 +269,7 @@ class Router:
             st.ring.set_nodes([e.key for e in view.endpoints])  # applies the diff
             st.ring_nodes = tuple(st.ring.nodes)
             st.by_key = {e.key: e for e in view.endpoints}
+            st.keys = [e.key for e in view.endpoints]
             for key in gone:
                 if not any(key in s.by_key for s in self._models.values()):
                     self.prefixes.forget(key)
@@ -280,7 +282,7 @@ class Router:
         st = self._state(view)
         eps = view.endpoints
         if self.ejector is not None and len(eps) > 1:
-            keys = [e.key for e in eps]
+            keys = st.keys
             usable = self.ejector.usable(keys)
             if len(usable) != len(keys):  # some are out: the ring walks past them like past a refusal
                 exclude = exclude | (set(keys) - set(usable))
