@@ -164,6 +164,15 @@ class ProxySettings:
     eject_max: float = _f(300.0, "PROXY_EJECT_MAX", "Longest ejection.")
     eject_max_share: float = _f(0.5, "PROXY_EJECT_MAX_SHARE",
                                 "Largest share of a model's endpoints ejected at once (one always stays).")
+    health_check_interval: float = _f(0.0, "PROXY_HEALTH_CHECK_INTERVAL",
+                                      "Active health check of static endpoints every N seconds (0: off).")
+    health_check_timeout: float = _f(1.0, "PROXY_HEALTH_CHECK_TIMEOUT", "Longest wait for one health answer.")
+    health_check_path: str = _f("/health", "PROXY_HEALTH_CHECK_PATH", "Path of the active health check.")
+    route_explain: str = _f("off", "PROXY_ROUTE_EXPLAIN",
+                            "X-Flexinfer-Explain (the scheduler's per-plugin scores): off, request (when the "
+                            "request sends X-Flexinfer-Explain: 1) or always.")
+    debug_endpoints: bool = _f(True, "PROXY_DEBUG_ENDPOINTS",
+                               "Serve GET /debug/endpoints (behind the API keys when auth is on).")
     namespace: str = _f("default", "POD_NAMESPACE", "Kubernetes namespace of the proxy.")
     redis_url: str = _f("", "PROXY_REDIS_URL",
                         "Redis shared by the proxy replicas (redis://, rediss://, unix://); empty: off.")
@@ -193,6 +202,14 @@ class ProxySettings:
             raise SettingsError("PROXY_EJECT_BASE must be > 0 and <= PROXY_EJECT_MAX")
         if not 0.0 <= self.eject_max_share <= 1.0:
             raise SettingsError(f"PROXY_EJECT_MAX_SHARE must be within [0, 1], got {self.eject_max_share}")
+        if self.route_explain not in ("off", "request", "always"):
+            raise SettingsError(f"PROXY_ROUTE_EXPLAIN must be off, request or always, got {self.route_explain!r}")
+        if self.health_check_interval < 0 or (self.health_check_interval and not
+                                              0 < self.health_check_timeout <= self.health_check_interval):
+            raise SettingsError("the active health check needs PROXY_HEALTH_CHECK_INTERVAL >= 0 and, when on, "
+                                "0 < PROXY_HEALTH_CHECK_TIMEOUT <= PROXY_HEALTH_CHECK_INTERVAL")
+        if not self.health_check_path.startswith("/"):
+            raise SettingsError(f"PROXY_HEALTH_CHECK_PATH must start with '/', got {self.health_check_path!r}")
         for name in ("rate_limit_global", "rate_limit_per_model"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0")

@@ -172,7 +172,9 @@ class _Conn(asyncio.Protocol):
             self._send(200, b'{"object":"list","data":[{"id":"stub","object":"model","owned_by":"stub"}]}')
             return
         if cap.method == "GET" and path in ("/health", "/healthz", "/"):
-            self._send(200, b'{"status":"ok"}')
+            self.engine.health_hits += 1
+            ok = self.engine.health_status == 200
+            self._send(self.engine.health_status, b'{"status":"ok"}' if ok else b'{"status":"unhealthy"}')
             return
         try:
             data: dict[str, Any] = json.loads(cap.body) if cap.body else {}
@@ -265,6 +267,8 @@ class StubEngine:
         self.metrics_delay = 0.0
         self.metrics_framing = "length"  # "length" | "chunked" | "close"
         self.metrics_hits = 0
+        self.health_status = 200  # what GET /health answers
+        self.health_hits = 0
         self.lora_adapters: list[str] = []
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> StubEngine:

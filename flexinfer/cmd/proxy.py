@@ -85,21 +85,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
     from flexinfer.cmd.workers import SharedParts
-    from flexinfer.proxy.scheduler import DEFAULT_SPEC, parse_config
+    from flexinfer.proxy.scheduler import spec_error
 
     for v in inventory.models():
-        if v.routing == "scored":
-            try:
-                parse_config(v.scheduler or DEFAULT_SPEC)
-            except ValueError as exc:
-                print(f"flexinfer proxy: {args.config}: model {v.name!r}: scheduler: {exc}", file=sys.stderr)
-                return 2
+        why = spec_error(v.routing, v.scheduler)
+        if why is not None:
+            print(f"flexinfer proxy: {args.config}: model {v.name!r}: scheduler: {why}", file=sys.stderr)
+            return 2
     names = ", ".join(v.name for v in inventory.models())
     log.info("flexinfer proxy on http://%s:%d serving %s", settings.host, settings.port, names)
     parts = SharedParts(settings)  # before the fork: the children inherit the shared memory
     _freeze_heap()
     try:
-        return int(serve_http(lambda: parts.handler(inventory), settings.http, host=settings.host,
+        return int(serve_http(lambda: parts.handler(inventory, health_check=True), settings.http, host=settings.host,
                               port=settings.port, workers=settings.workers, on_start=parts.start,
                               on_stop=parts.stop, on_worker_exit=parts.worker_exited))
     finally:

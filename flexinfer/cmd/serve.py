@@ -55,6 +55,13 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, InventoryConfigError) as exc:
         print(f"flexinfer serve: {exc}", file=sys.stderr)
         return 2
+    from flexinfer.proxy.scheduler import spec_error
+
+    for v in runtime.models():
+        why = spec_error(v.routing, v.scheduler)
+        if why is not None:
+            print(f"flexinfer serve: {args.config}: model {v.name!r}: scheduler: {why}", file=sys.stderr)
+            return 2
     names = ", ".join(runtime.procs)
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",

@@ -39,6 +39,7 @@ from flexinfer.settings import ProxySettings
 
 if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
+    from flexinfer.proxy.ejection import HealthChecker
     from flexinfer.proxy.redisshare import RedisShare
     from flexinfer.proxy.scrape import EngineScraper
 
@@ -60,12 +61,35 @@ class SharedParts:
         self.metrics: ProxyMetrics | None = None
         self._publisher: asyncio.Task[None] | None = None
         self.scraper: EngineScraper | None = None
+        self.health: HealthChecker | None = None
 
     # -- in the worker ------------------------------------------------------------------------
-    def handler(self, inventory: Inventory, *, scaler: Scaler | None = None, **kw: Any) -> ProxyHandler:
+    def handler(self, inventory: Inventory, *, scaler: Scaler | None = None, health_check: bool = False,
+                **kw: Any) -> ProxyHandler:
+        """The worker's handler; ``health_check``: the inventory's endpoints are fixed (a static
+        file), so the optional active health check (``PROXY_HEALTH_CHECK_INTERVAL``) applies."""
         handler = self._handler(inventory, scaler=scaler, **kw)
         self._scrape_engines(inventory, handler.router)
+        if health_check:
+            self._check_health(inventory, handler.router)
         return handler
+
+    def _check_health(self, inventory: Inventory, router: Router) -> None:
+        """GET the health path of every endpoint each interval; failures feed the ejector as the
+        passive failures do, a success re-admits an ejected endpoint at once."""
+        s = self.settings
+        if s.health_check_interval <= 0 or router.ejector is None:
+            return
+        from flexinfer.proxy.ejection import HealthChecker
+
+        checker = self.health = HealthChecker(router.ejector, interval=s.health_check_interval,
+                                              timeout=s.health_check_timeout, path=s.health_check_path)
+
+        def follow(_view: object = None) -> None:
+            checker.set_endpoints(sorted({e.key for v in inventory.models() for e in v.endpoints}))
+
+        follow()
+        inventory.subscribe(follow)
 
     def _scrape_engines(self, inventory: Inventory, router: Router) -> None:
         """The engine metrics of the ``scored`` models' endpoints, for the router (one scraper per
@@ -83,6 +107,7 @@ class SharedParts:
         follow()
         inventory.subscribe(follow)
         router.engine_state = scraper.state
+        router.engine_last = scraper.last
 
     def _handler(self, inventory: Inventory, *, scaler: Scaler | None = None, **kw: Any) -> ProxyHandler:
         settings = self.settings
@@ -116,6 +141,8 @@ class SharedParts:
     async def start(self, _server: HTTPServer | None = None) -> None:
         if self.scraper is not None:
             await self.scraper.start()
+        if self.health is not None:
+            await self.health.start()
         if self.redis is not None:
             await self.redis.start()
         if self.metrics is not None and self.metrics_dir is not None:
@@ -133,6 +160,8 @@ class SharedParts:
             await self.redis.stop()
         if self.scraper is not None:
             await self.scraper.stop()
+        if self.health is not None:
+            await self.health.stop()
 
     async def _publish(self) -> None:
         assert self.metrics is not None

@@ -16,8 +16,8 @@ ROUTE_FORWARD, ROUTE_CONTROL, ROUTE_ADMIN = 0, 1, 2
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
-    __slots__ = ("authenticated", "extra_headers", "model_name", "path", "request_id", "route", "source", "sse_open",
-                 "t0")
+    __slots__ = ("authenticated", "explain", "extra_headers", "model_name", "path", "request_id", "route", "source",
+                 "sse_open", "t0")
 
     def __init__(self, t0: float, request_id: bytes, path: str) -> None:
         self.t0 = t0
@@ -29,6 +29,7 @@ class RequestContext:
         self.authenticated = False
         self.sse_open = False  # an SSE response was started while waiting for the model
         self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response head
+        self.explain: bytes | None = None  # X-Flexinfer-Explain of the pick, when asked for
 
 
 class RequestIds:

@@ -85,6 +85,25 @@ class Forwarder:
         self.router = router
         self.metrics = metrics
         self.settings = settings
+        self._explain = _EXPLAIN_MODES[settings.route_explain]
+        self._decisions: dict[tuple[str, str, str], Any] = {}  # (model, strategy, source) -> counter child
+
+    def _decided(self, req: Request, view: ModelView, ep: Endpoint, strategy: str, source: str) -> None:
+        """Count the pick in ``routing_decisions_total`` and, when asked, explain it."""
+        label = source if not source.startswith("prefix-match") else "prefix-match"  # bounded label values
+        key = (view.name, strategy, label)
+        child = self._decisions.get(key)
+        if child is None:
+            child = self._decisions[key] = self.metrics.routing_decisions.labels(*key)
+        child.inc()
+        explain = self._explain
+        if explain and (explain == 2 or req.get(b"x-flexinfer-explain") == b"1"):
+            decision = self.router.last_decision if strategy == "scored" else None
+            text = (decision.header() if decision is not None and decision.key == ep.key
+                    else f"pick={ep.key}; reason={strategy} ({source})")
+            ctx = req.ctx
+            if isinstance(ctx, RequestContext):
+                ctx.explain = text.encode("ascii", "replace")
 
     async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
                     headers: list[tuple[bytes, bytes]], body: bytes
@@ -97,6 +116,7 @@ class Forwarder:
             except LookupError:
                 raise errors.ServiceUnavailable(
                     f"model {view.name!r} has no reachable replica", retry_after=1) from None
+            self._decided(req, view, ep, strategy, source)
             pool = self.pools.get(ep.host, ep.port)
             self.router.acquire(ep)
             try:
@@ -166,6 +186,8 @@ class Forwarder:
                     extra = ctx.extra_headers
                     if self.settings.route_header:
                         extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
+                    if ctx.explain is not None:
+                        extra.append((b"x-flexinfer-explain", ctx.explain))
                     resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
                 stats.observe_ttfb(time.perf_counter() - ctx.t0)
                 try:
@@ -195,6 +217,7 @@ class Forwarder:
 
 
 _TIMEOUTS = frozenset(("connect_timeout", "response_timeout", "idle_timeout"))
+_EXPLAIN_MODES = {"off": 0, "request": 1, "always": 2}
 
 
 def sse_error(err: errors.FlexInferError) -> bytes:

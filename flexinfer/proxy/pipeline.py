@@ -22,7 +22,7 @@ from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.http.server import HTTPServer
-from flexinfer.proxy import extract
+from flexinfer.proxy import debugview, extract
 from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
@@ -40,7 +40,8 @@ log = logging.getLogger("flexinfer.proxy")
 JSON = [(b"content-type", b"application/json")]
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}\Z")
 _HEALTH_BODY = b'{"status":"ok"}'
-_CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models"})
+_CONTROL = frozenset({"/healthz", "/readyz", "/metrics", "/v1/models", "/debug/endpoints"})
+_AUTHED_CONTROL = frozenset({"/v1/models", "/debug/endpoints"})  # behind the API keys when auth is on
 
 
 def ejector_for(settings: ProxySettings) -> Ejector | None:
@@ -110,7 +111,7 @@ class ProxyHandler:
         req.ctx = ctx
         if path in _CONTROL or path.startswith("/v1/models/"):
             ctx.route = ROUTE_CONTROL
-            if path in ("/v1/models",) or path.startswith("/v1/models/"):
+            if path in _AUTHED_CONTROL or path.startswith("/v1/models/"):
                 return self._authenticate(req, ctx)
             return None
         if self.admin is not None and self.admin.match(path):
@@ -258,6 +259,13 @@ class ProxyHandler:
                 resp.send(200, JSON, b'{"status":"ready"}')
         elif path == "/metrics":
             resp.send(200, [(b"content-type", METRICS_CONTENT_TYPE)], self.metrics.render())
+        elif path == "/debug/endpoints":
+            if not self.settings.debug_endpoints:
+                resp.send_error(errors.NotFound("/debug/endpoints is off (PROXY_DEBUG_ENDPOINTS=false)"),
+                                [(b"x-request-id", ctx.request_id)])
+                return
+            resp.send(200, [*JSON, (b"x-request-id", ctx.request_id), (b"cache-control", b"no-store")],
+                      debugview.document(self.inventory.models(), self.router))
         elif path == "/v1/models":
             data = [self._model_object(v) for v in self.inventory.models()]
             resp.send(200, [*JSON, (b"x-request-id", ctx.request_id)],

@@ -27,6 +27,7 @@ applies endpoint diffs when a new (immutable) view arrives; it does no I/O.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from typing import Any, Protocol, cast
 from flexinfer._speedups import HashRing, chained_block_hashes
 from flexinfer.proxy.ejection import Ejector
 from flexinfer.proxy.enginemetrics import EngineState
-from flexinfer.proxy.scheduler import DEFAULT_SPEC, Candidate, Request, Scheduler, parse_config
+from flexinfer.proxy.scheduler import DEFAULT_SPEC, Candidate, Decision, Request, Scheduler, parse_config
 from flexinfer.runtime.base import Endpoint, ModelView
 
 CACHE_KEY_RE = re.compile(r"[A-Za-z0-9._:/=\-]{1,128}\Z")
@@ -46,6 +47,8 @@ PREFIX_BLOCK_SIZE = 64
 PREFIX_TOP = 5
 PREFIX_LRU = 50_000
 BOUNDED_LOAD_EPSILON = 0.25
+
+log = logging.getLogger("flexinfer.proxy")
 
 
 class _Headers(Protocol):
@@ -250,7 +253,15 @@ class Router:
         self.ejector = ejector
         #: the engine metrics of an endpoint for ``scored`` (None: unknown; set by the composition root)
         self.engine_state: Callable[[str], EngineState | None] | None = None
-        self._schedulers: dict[str | None, Scheduler] = {}
+        #: the latest scrape of an endpoint however old or failed (``/debug/endpoints`` only)
+        self.engine_last: Callable[[str], EngineState | None] | None = None
+        #: the latest ``scored`` decision (read right after :meth:`pick` for the explain header; pick
+        #: is synchronous, so nothing can run in between) and each model's latest one (``/debug``)
+        self.last_decision: Decision | None = None
+        self.decisions: dict[str, Decision] = {}
+        #: model -> why its ``scheduler`` setting was refused (the default chain serves it meanwhile)
+        self.scheduler_errors: dict[str, str] = {}
+        self._schedulers: dict[tuple[str, str | None], Scheduler] = {}
         self.load: LoadCounter = load if load is not None else cast(LoadCounter, LocalLoad())
         self.prefixes: PrefixHints = prefixes if prefixes is not None else PrefixStore(prefix_capacity)
         self._models: dict[str, _ModelState] = {}
@@ -315,17 +326,39 @@ class Router:
             return ep, strategy, source
         return self._least_loaded(eps), "least-loaded", "in-flight"
 
-    def scheduler(self, spec: str | None) -> Scheduler:
-        """The chain ``spec`` names (None: the default), built once and bound to this router's hints;
-        ValueError for a bad spec (the composition root checks every model's at start)."""
-        sched = self._schedulers.get(spec)
+    def scheduler(self, model: str, spec: str | None) -> Scheduler:
+        """The chain ``spec`` names for ``model`` (None: the default), built once and bound to this
+        router's prefix hints and the model's ring. A bad spec (the composition root refuses one in a
+        config file at start; a Kubernetes annotation can change at any time) is remembered in
+        :attr:`scheduler_errors`, logged once, and the default chain serves the model."""
+        sched = self._schedulers.get((model, spec))
         if sched is None:
-            sched = self._schedulers[spec] = parse_config(spec or DEFAULT_SPEC, prefix_hints=self.prefixes)
+            try:
+                sched = parse_config(spec or DEFAULT_SPEC, prefix_hints=self.prefixes, ring_pick=self._ring_for)
+                self.scheduler_errors.pop(model, None)
+            except ValueError as exc:
+                self.scheduler_errors[model] = str(exc)
+                log.warning("model %r: scheduler %r refused (%s); the default chain serves it", model, spec, exc)
+                sched = parse_config(DEFAULT_SPEC, prefix_hints=self.prefixes, ring_pick=self._ring_for)
+            self._schedulers[(model, spec)] = sched
         return sched
+
+    def _ring_for(self, req: Request, cands: Sequence[Candidate]) -> str | None:
+        """The session-affinity scorer's lookup: the model's bounded-load ring (the one the
+        ``session-affinity`` strategy walks), over the loads of all its endpoints; an answer the
+        filters removed gives no preference."""
+        st = self._models.get(req.model)
+        if st is None or req.session is None or not st.ring_nodes:
+            return None
+        name = st.ring.get_bounded(req.session, self.load.loads(st.ring_nodes), BOUNDED_LOAD_EPSILON)
+        for c in cands:
+            if c.key == name:
+                return name
+        return None
 
     def _scored(self, view: ModelView, eps: tuple[Endpoint, ...], data: dict[str, Any] | None,
                 req: _Headers) -> tuple[Endpoint, str, str]:
-        sched = self.scheduler(view.scheduler)
+        sched = self._schedulers.get((view.name, view.scheduler)) or self.scheduler(view.name, view.scheduler)
         state = self.engine_state
         get = self.load.get
         cands = []
@@ -342,6 +375,7 @@ class Router:
             adapter = data["model"]  # a LoRA adapter routed to its parent's replicas
         session, _ = session_key(data, req)
         decision = sched.choose(Request(view.name, adapter, session, hashes), cands)
+        self.last_decision = self.decisions[view.name] = decision
         key = decision.key
         ep = next(e for e in eps if e.key == key)
         if hashes:

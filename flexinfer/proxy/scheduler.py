@@ -51,7 +51,7 @@ from flexinfer.proxy.scorers import (
 __all__ = [
     "DEFAULT", "DEFAULT_SPEC", "FILTERS", "HEADER_MAX", "PICKS", "SCORERS", "Candidate", "Decision", "Filter",
     "KVCache", "LeastLatency", "LeastRequest", "LeastRequestFilter", "LoraAffinity", "PrefixCache",
-    "PrefixHints", "Request", "RingPick", "Scheduler", "Scorer", "SessionAffinity", "parse_config",
+    "PrefixHints", "Request", "RingPick", "Scheduler", "Scorer", "SessionAffinity", "parse_config", "spec_error",
 ]
 
 PICKS = ("best", "weighted-random")
@@ -301,6 +301,17 @@ def parse_config(spec: str | Mapping[str, Any], *, prefix_hints: PrefixHints | N
         raise ValueError(f"scheduler pick {pick!r}: expected one of {', '.join(PICKS)}")
     sched = Scheduler(filters, scorers, top_n=top, pick=pick, rng=rng)
     return sched
+
+
+def spec_error(routing: str, spec: str | None) -> str | None:
+    """Why a model's ``scheduler`` setting is bad (None: it is fine, or the model is not ``scored``)."""
+    if routing != "scored":
+        return None
+    try:
+        parse_config(spec or DEFAULT_SPEC)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 DEFAULT = parse_config(DEFAULT_SPEC)  # Kthena's defaults; bind hints with DEFAULT.with_deps(...)

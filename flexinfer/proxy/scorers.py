@@ -73,7 +73,9 @@ class PrefixHints(Protocol):
     def match_len(self, ep: str, hashes: list[int]) -> int: ...
 
 
-RingPick = Callable[[str, Sequence[Candidate]], "str | None"]
+#: The router's bounded-load ring lookup for a request's session key, given the candidates left by
+#: the filters: the endpoint key it names, or None (no ring for the model, or its answer was filtered).
+RingPick = Callable[[Request, Sequence[Candidate]], "str | None"]
 
 
 class LeastRequest:
@@ -212,7 +214,10 @@ class PrefixCache:
 
 class SessionAffinity:
     """100 for the endpoint the router's bounded-load ring names for the session key, 0 for the
-    others (no session key, no ring, or a ring answer outside the candidates: 0 for all)."""
+    others (no session key, no ring, or a ring answer outside the candidates: 0 for all). The ring
+    is the one the ``session-affinity`` strategy uses (the router binds it), so a session keeps its
+    replica when a model moves from that strategy to ``scored``, and a hot session still spreads
+    (bounded loads) instead of melting one replica."""
 
     name: str = "session-affinity"
 
@@ -222,7 +227,7 @@ class SessionAffinity:
     def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
         key = None
         if req.session is not None and self.ring_pick is not None:
-            key = self.ring_pick(req.session, cands)
+            key = self.ring_pick(req, cands)
         return [100.0 if c.key == key else 0.0 for c in cands]
 
 

@@ -388,6 +388,13 @@ class ClusterState:
         r = annotations.get(labels.ROUTING) or "default"
         return r if r in ROUTING_STRATEGIES else "default"
 
+    @staticmethod
+    def _scheduler(annotations: Mapping[str, str]) -> str | None:
+        """The ``scored`` chain of the annotation, as written (the proxy checks it: a bad one is
+        counted, logged once and replaced by the default chain)."""
+        s = annotations.get(labels.SCHEDULER)
+        return s.strip()[:1024] or None if isinstance(s, str) else None
+
     def _aliases(self, view_name: str, name: str, served: str | None, extra: Iterable[str]) -> tuple[str, ...]:
         out: list[str] = []
         for a in (served, *extra):
@@ -418,7 +425,7 @@ class ClusterState:
         }
         view = ModelView(
             name=view_name, endpoints=eps, ready=ready and bool(eps), served_name=spec.served_name,
-            aliases=aliases, routing=self._routing(m.meta.annotations),
+            aliases=aliases, routing=self._routing(m.meta.annotations), scheduler=self._scheduler(m.meta.annotations),
             cold_start_timeout=spec.serverless.cold_start_timeout_s, context_window=spec.context_window,
             owned_by="flexinfer", created=_epoch(m.meta.creation_timestamp), metadata=MappingProxyType(meta))
         plain = (name,) if view_name != name else ()
@@ -455,7 +462,8 @@ class ClusterState:
         }
         view = ModelView(
             name=view_name, endpoints=eps, ready=ready and bool(eps), served_name=spec.model, aliases=aliases,
-            routing=self._routing(md.meta.annotations), cold_start_timeout=cold, context_window=window,
+            routing=self._routing(md.meta.annotations), scheduler=self._scheduler(md.meta.annotations),
+            cold_start_timeout=cold, context_window=window,
             owned_by="flexinfer", created=_epoch(md.meta.creation_timestamp), metadata=MappingProxyType(meta))
         plain = (name,) if view_name != name else ()
         return view, Claims(aliases=aliases + plain, labels=label_names, label_rank=rank)

@@ -108,7 +108,7 @@ class LocalRuntime(StaticInventoryBase):
         ready = st.state == "ready"
         return ModelView(
             name=s.name, endpoints=(Endpoint("127.0.0.1", st.port),) if ready else (), ready=ready,
-            served_name=s.served_name, aliases=s.aliases, routing=s.routing,
+            served_name=s.served_name, aliases=s.aliases, routing=s.routing, scheduler=s.scheduler,
             cold_start_timeout=s.cold_start_timeout or s.start_timeout, context_window=s.context_window, owned_by="flexinfer-local",
             metadata={"backend": s.backend, "state": st.state, "group": s.group, "priority": s.priority},
         )

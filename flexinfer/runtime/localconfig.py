@@ -60,6 +60,7 @@ class LocalModelSpec:
     group: str | None = None
     priority: int = 100
     routing: str = "default"
+    scheduler: str | None = None  # with routing: scored, the chain (the composition root checks it)
     context_window: int | None = None
     backend: str = "command"
 
@@ -137,6 +138,10 @@ def parse_local_model(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> 
     routing = entry.get("routing", "default")
     if routing not in ROUTING_STRATEGIES:
         raise InventoryConfigError(f"model {name!r}: unknown routing {routing!r}")
+    scheduler = entry.get("scheduler")
+    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler.strip()):
+        raise InventoryConfigError(f"model {name!r}: scheduler must be a non-empty string "
+                                   "(e.g. \"least-request:1,prefix-cache:1\")")
     aliases = entry.get("aliases", []) or []
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise InventoryConfigError(f"model {name!r}: aliases must be a list of strings")
@@ -150,6 +155,7 @@ def parse_local_model(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> 
         idle_ttl=_num(entry, defaults, "idle_ttl", 300.0),
         stop_timeout=_num(entry, defaults, "stop_timeout", 10.0),
         group=str(group) if group else None, priority=priority, routing=routing,
+        scheduler=scheduler.strip() if scheduler else None,
         context_window=entry.get("context_window"), backend=backend,
     )
 

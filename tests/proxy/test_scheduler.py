@@ -127,8 +127,9 @@ def test_prefix_cache_uses_batched_hints_when_offered() -> None:
 def _ring_pick(loads: dict[str, int]) -> tuple[HashRing, object]:
     ring = HashRing([f"10.0.0.{i}:8000" for i in range(4)])
 
-    def pick(key: str, cands: Sequence[Candidate]) -> str | None:
-        return ring.get_bounded(key, loads, 0.25)
+    def pick(req: Request, cands: Sequence[Candidate]) -> str | None:
+        assert req.session is not None
+        return ring.get_bounded(req.session, loads, 0.25)
     return ring, pick
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def test_embedded_default_config() -> None:
     ("models: [{name: a, command: [x, '${PORT}'], idle_ttl: -1}]", "idle_ttl"),
     ("models: [{name: a, command: [x, '${PORT}']}, {name: b, aliases: [a], command: [x, '${PORT}']}]", "used by both"),
     ("models: [", "not valid YAML"),
+    ("models: [{name: a, command: [x, '${PORT}'], routing: scored, scheduler: 3}]", "scheduler must be a non-empty"),
 ])
 def test_bad_configs(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "c.yaml"
@@ -48,3 +50,20 @@ def test_bad_configs(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(InventoryConfigError) as ei:
         load_local_config(str(p))
     assert message in str(ei.value)
+
+
+def test_scheduler_setting_reaches_the_view_and_a_bad_one_stops_serve(tmp_path: Path) -> None:
+    from flexinfer.runtime.local import LocalRuntime
+
+    p = tmp_path / "c.yaml"
+    p.write_text("models: [{name: a, command: [x, '${PORT}'], routing: scored, "
+                 "scheduler: ' kv-cache:2,least-request:1 '}]")
+    (spec,) = load_local_config(str(p))
+    assert spec.routing == "scored" and spec.scheduler == "kv-cache:2,least-request:1"
+    view = LocalRuntime([spec]).resolve("a")
+    assert view is not None and view.scheduler == "kv-cache:2,least-request:1"
+    p.write_text("models: [{name: a, command: [x, '${PORT}'], routing: scored, scheduler: 'kv-cache:2;top=0'}]")
+    out = subprocess.run([sys.executable, "-m", "flexinfer.cli", "serve", "-c", str(p), "--port", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, out.stderr
+    assert "model 'a': scheduler: scheduler top '0'" in out.stderr, out.stderr

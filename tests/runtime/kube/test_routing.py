@@ -173,3 +173,34 @@ async def test_a_held_lora_request_keeps_its_body(ks: KubeStack) -> None:
     await ks.set_ready("base")
     status, body, _ = await asyncio.wait_for(held, 5)
     assert status == 200 and body["model"] == "sql-lora"
+
+
+async def test_scheduler_annotation_binds_the_ring_and_a_bad_one_falls_back(ks: KubeStack) -> None:
+    stubs = [await ks.stub() for _ in range(3)]
+    rt = await ks.start()
+    ann = {"flexinfer.ai/routing": "scored", "flexinfer.ai/scheduler": "session-affinity:5,least-request:1"}
+    await ks.put(MODELS, model_obj("sc", ready=True, annotations=ann))
+    await ks.serve("sc", stubs)
+    await ks.until(lambda: rt.resolve("sc") and len(rt.resolve("sc").endpoints) == 3)  # type: ignore[union-attr]
+    view = rt.resolve("sc")
+    assert view is not None and view.routing == "scored" and view.scheduler == ann["flexinfer.ai/scheduler"]
+    ring = HashRing([f"127.0.0.1:{s.port}" for s in stubs])
+    sessions = [f"user-{i}" for i in range(24)]
+    for s in sessions:  # the scorer reads the model's ring: the session-affinity strategy's placement
+        status, _, headers = await ks.chat("sc", headers={"X-Session-ID": s})
+        assert status == 200
+        strategy, _, ep = headers["X-Flexinfer-Route"].split(";")
+        assert strategy == "scored" and ep == ring.get(s), s
+    doc = await ks.get_json("/debug/endpoints")
+    sc = next(m for m in doc["models"] if m["name"] == "sc")
+    assert sc["scheduler_error"] is None and sc["last_pick"]["key"] == ring.get(sessions[-1])
+    assert set(sc["endpoints"][0]["last_scores"]) == {"session-affinity", "least-request"}
+    # an annotation the scheduler cannot read: the default chain serves, the reason is shown
+    await ks.put(MODELS, model_obj("sc", ready=True, annotations={**ann, "flexinfer.ai/scheduler": "fastest:1"}))
+    await ks.until(lambda: rt.resolve("sc").scheduler == "fastest:1")  # type: ignore[union-attr]
+    for s in sessions[:5]:
+        status, _, headers = await ks.chat("sc", headers={"X-Session-ID": s})
+        assert status == 200 and headers["X-Flexinfer-Route"].startswith("scored;")
+    sc = next(m for m in (await ks.get_json("/debug/endpoints"))["models"] if m["name"] == "sc")
+    assert "unknown scorer 'fastest'" in sc["scheduler_error"]
+    assert set(sc["endpoints"][0]["last_scores"]) == {"least-request", "least-latency", "prefix-cache"}
