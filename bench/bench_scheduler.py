@@ -11,7 +11,11 @@ the least-request filter, scores least-request + least-latency + kv-cache + pref
   scheduler's own cost, apart from the store's.
 - ``4-plugins/weighted-random``: as above, top 3, weighted-random pick.
 - ``kthena-default``: the default chain (least-request, least-latency, prefix-cache; PrefixStore).
-- ``build-candidates``: building the 16 :class:`Candidate` objects (the router's side, per request).
+- ``build-candidates``: building 16 :class:`Candidate` objects (what the router no longer does per
+  request: it hands the scheduler :class:`Columns`, its engine figures cached for 50 ms).
+- ``router-pick/...``: the whole ``Router.pick`` of a ``scored`` model as a request pays it (engine
+  columns, in-flight counts, the prompt's block hashes, session key, the chain, recording the
+  prefix blocks).
 - ``header``: the opt-in explain header of one decision.
 
 Each case prints its per-call time (the minimum round) and stores it in ``extra_info["per_op_us"]``.
@@ -20,18 +24,22 @@ Each case prints its per-call time (the minimum round) and stores it in ``extra_
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from flexinfer._speedups import chained_block_hashes
-from flexinfer.proxy.routing import PrefixStore
-from flexinfer.proxy.scheduler import Candidate, Request, parse_config
+from flexinfer.proxy.enginemetrics import EngineState
+from flexinfer.proxy.routing import PrefixStore, Router
+from flexinfer.proxy.scheduler import Candidate, Columns, Request, parse_config
+from flexinfer.runtime.base import Endpoint, ModelView
 
 N = 16
 KEYS = [f"10.0.{i // 200}.{i % 200 + 1}:8000" for i in range(N)]
-HASHES = chained_block_hashes("You are a helpful assistant. Answer briefly and cite sources. " * 200, 64, 128)
+SYSTEM = "You are a helpful assistant. Answer briefly and cite sources. " * 200
+HASHES = chained_block_hashes(SYSTEM, 64, 128)
 FOUR = "least-request,least-latency,kv-cache,prefix-cache;filters=least-request"
 
 
@@ -70,8 +78,32 @@ class _Table:
 
 def _choose(spec: str, hints: Any) -> Callable[[], Any]:
     sched = parse_config(spec, prefix_hints=hints, rng=random.Random(1))
-    req, cands = Request("m", prefix_hashes=HASHES), _cands()
-    return lambda: sched.choose(req, cands)
+    req, cols = Request("m", prefix_hashes=HASHES), Columns.of(_cands())
+    return lambda: sched.choose(req, cols)
+
+
+class _Headers(dict[bytes, bytes]):
+    pass
+
+
+def _router_pick(spec: str | None) -> Callable[[], Any]:
+    """The whole ``scored`` pick as a request pays it: columns from the scraper's states (cached),
+    the machine's in-flight counts, the prompt's block hashes, the session key, the chain, and
+    recording the pick's blocks in the prefix store."""
+    cands = _cands()
+    states = {c.key: EngineState(c.waiting, c.running, c.kv_usage, c.ttft_s, c.tpot_s, "vllm", time.monotonic())
+              for c in cands if c.waiting is not None}
+    router = Router()
+    router.engine_state = states.get
+    view = ModelView("m", tuple(Endpoint.parse(k) for k in KEYS), routing="scored", scheduler=spec)
+    for i, k in enumerate(KEYS):
+        router.prefixes.record(k, HASHES[: (i * 9) % len(HASHES)])
+        for _ in range(i % 5):
+            router.load.acquire(k)
+    data = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]}
+    headers = _Headers()
+    pick = router.pick
+    return lambda: pick(view, data, headers)
 
 
 def _build() -> Callable[[], Any]:
@@ -91,6 +123,8 @@ CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     "4-plugins/weighted-random": lambda: _choose(FOUR + ";top=3;pick=weighted-random", _Table(_store())),
     "kthena-default": lambda: _choose("least-request,least-latency,prefix-cache;filters=least-request", _store()),
     "build-candidates": _build,
+    "router-pick/4-plugins": lambda: _router_pick(FOUR),
+    "router-pick/kthena-default": lambda: _router_pick(None),
     "header": _header,
 }
 

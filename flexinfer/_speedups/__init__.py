@@ -33,12 +33,16 @@ __all__ = [
     "TableFull",
     "TokenBucket",
     "chained_block_hashes",
+    "keep_below",
     "key_hash",
+    "kv_free",
+    "least_latency",
+    "least_request",
     "load",
     "model_key_scan",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "shmstate", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "schedkern", "shmstate", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -67,6 +71,10 @@ if TYPE_CHECKING:
     from .hashring_py import HashRing as HashRing
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
+    from .schedkern_py import keep_below as keep_below
+    from .schedkern_py import kv_free as kv_free
+    from .schedkern_py import least_latency as least_latency
+    from .schedkern_py import least_request as least_request
     from .shmstate_py import SharedBuckets as SharedBuckets
     from .shmstate_py import SharedCounts as SharedCounts
     from .shmstate_py import SharedPrefixes as SharedPrefixes
@@ -78,6 +86,12 @@ else:
     HashRing = _pick("hashring").HashRing
     model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes
+    _schedkern = _pick("schedkern")
+    keep_below = _schedkern.keep_below
+    kv_free = _schedkern.kv_free
+    least_latency = _schedkern.least_latency
+    least_request = _schedkern.least_request
+    del _schedkern
     _shmstate = _pick("shmstate")
     SharedBuckets = _shmstate.SharedBuckets
     SharedCounts = _shmstate.SharedCounts

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
@@ -36,7 +38,7 @@ from typing import Any, Protocol, cast
 from flexinfer._speedups import HashRing, chained_block_hashes
 from flexinfer.proxy.ejection import Ejector
 from flexinfer.proxy.enginemetrics import EngineState
-from flexinfer.proxy.scheduler import DEFAULT_SPEC, Candidate, Decision, Request, Scheduler, parse_config
+from flexinfer.proxy.scheduler import DEFAULT_SPEC, Columns, Decision, Request, Scheduler, parse_config
 from flexinfer.runtime.base import Endpoint, ModelView
 
 CACHE_KEY_RE = re.compile(r"[A-Za-z0-9._:/=\-]{1,128}\Z")
@@ -232,8 +234,14 @@ class LocalLoad(dict[str, int]):
         return dict(self)
 
 
+#: How long a model's engine columns (the scraped figures of its endpoints, as the scheduler reads
+#: them) are reused before they are rebuilt from the scraper: far below the scrape interval (1 s)
+#: and the age at which figures turn unknown (2 s), so no decision reads figures staler than that.
+ENGINE_COLUMNS_TTL = 0.05
+
+
 class _ModelState:
-    __slots__ = ("by_key", "endpoints", "keys", "ring", "ring_nodes", "rr")
+    __slots__ = ("by_key", "endpoints", "eng", "eng_at", "eng_keys", "keys", "ring", "ring_nodes", "rr")
 
     def __init__(self) -> None:
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -242,6 +250,9 @@ class _ModelState:
         self.ring = HashRing()
         self.ring_nodes: tuple[str, ...] = ()  # the ring's node order: the order of its loads list
         self.rr = 0
+        self.eng: tuple[list[Any], ...] = ()  # waiting, running, kv, ttft, tpot, adapters (by ``keys``)
+        self.eng_at = -math.inf
+        self.eng_keys: list[str] | None = None  # the ``keys`` list ``eng`` was built for
 
 
 class Router:
@@ -318,7 +329,7 @@ class Router:
                     return picked, strategy, source
             return self._least_loaded(eps), strategy, "fallback-least-loaded"
         if strategy == "scored":
-            return self._scored(view, eps, data, req)
+            return self._scored(view, st, eps, data, req)
         if strategy == "prefix-cache":
             hashes = self._hashes(data)
             ep, source = self._prefix_cache_pick(eps, hashes)
@@ -343,7 +354,7 @@ class Router:
             self._schedulers[(model, spec)] = sched
         return sched
 
-    def _ring_for(self, req: Request, cands: Sequence[Candidate]) -> str | None:
+    def _ring_for(self, req: Request, cols: Columns) -> str | None:
         """The session-affinity scorer's lookup: the model's bounded-load ring (the one the
         ``session-affinity`` strategy walks), over the loads of all its endpoints; an answer the
         filters removed gives no preference."""
@@ -351,33 +362,58 @@ class Router:
         if st is None or req.session is None or not st.ring_nodes:
             return None
         name = st.ring.get_bounded(req.session, self.load.loads(st.ring_nodes), BOUNDED_LOAD_EPSILON)
-        for c in cands:
-            if c.key == name:
-                return name
-        return None
+        return name if name in cols.keys else None
 
-    def _scored(self, view: ModelView, eps: tuple[Endpoint, ...], data: dict[str, Any] | None,
+    def _engine_columns(self, st: _ModelState) -> tuple[list[Any], ...]:
+        """The model's engine figures by endpoint, rebuilt from the scraper at most every
+        :data:`ENGINE_COLUMNS_TTL` seconds (or when the endpoints changed)."""
+        now = time.monotonic()
+        keys = st.keys
+        if st.eng_keys is keys and now - st.eng_at < ENGINE_COLUMNS_TTL:
+            return st.eng
+        state = self.engine_state
+        waiting: list[float | None] = []
+        running: list[float | None] = []
+        kv: list[float | None] = []
+        ttft: list[float | None] = []
+        tpot: list[float | None] = []
+        adapters: list[frozenset[str] | None] = []
+        for k in keys:
+            es = state(k) if state is not None else None
+            if es is None:
+                waiting.append(None)
+                running.append(None)
+                kv.append(None)
+                ttft.append(None)
+                tpot.append(None)
+                adapters.append(None)
+            else:
+                waiting.append(es.waiting)
+                running.append(es.running)
+                kv.append(es.kv_usage)
+                ttft.append(es.ttft_s)
+                tpot.append(es.tpot_s)
+                adapters.append(es.adapters)
+        st.eng = (waiting, running, kv, ttft, tpot, adapters)
+        st.eng_at, st.eng_keys = now, keys
+        return st.eng
+
+    def _scored(self, view: ModelView, st: _ModelState, eps: tuple[Endpoint, ...], data: dict[str, Any] | None,
                 req: _Headers) -> tuple[Endpoint, str, str]:
         sched = self._schedulers.get((view.name, view.scheduler)) or self.scheduler(view.name, view.scheduler)
-        state = self.engine_state
-        get = self.load.get
-        cands = []
-        for e in eps:
-            es = state(e.key) if state is not None else None
-            if es is None:
-                cands.append(Candidate(e.key, get(e.key, 0)))
-            else:
-                cands.append(Candidate(e.key, get(e.key, 0), es.waiting, es.running, es.kv_usage, es.ttft_s,
-                                       es.tpot_s, es.adapters))
+        keys = st.keys
+        cols = Columns(keys, self.load.loads(keys), *self._engine_columns(st))
+        if len(eps) != len(keys):  # some are excluded (ejected, or refused on this request's first try)
+            left = {e.key for e in eps}
+            cols = cols.take([i for i, k in enumerate(keys) if k in left])
         hashes = self._hashes(data)
         adapter = None
         if not view.rewrite_model and data is not None and isinstance(data.get("model"), str):
             adapter = data["model"]  # a LoRA adapter routed to its parent's replicas
         session, _ = session_key(data, req)
-        decision = sched.choose(Request(view.name, adapter, session, hashes), cands)
+        decision = sched.choose(Request(view.name, adapter, session, hashes), cols)
         self.last_decision = self.decisions[view.name] = decision
-        key = decision.key
-        ep = next(e for e in eps if e.key == key)
+        ep = st.by_key[decision.key]
         if hashes:
             self.prefixes.record(ep.key, hashes)
         return ep, "scored", sched.pick

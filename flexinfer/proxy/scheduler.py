@@ -34,6 +34,7 @@ from flexinfer.proxy.scorers import (
     FILTERS,
     SCORERS,
     Candidate,
+    Columns,
     Filter,
     KVCache,
     LeastLatency,
@@ -49,7 +50,8 @@ from flexinfer.proxy.scorers import (
 )
 
 __all__ = [
-    "DEFAULT", "DEFAULT_SPEC", "FILTERS", "HEADER_MAX", "PICKS", "SCORERS", "Candidate", "Decision", "Filter",
+    "DEFAULT", "DEFAULT_SPEC", "FILTERS", "HEADER_MAX", "PICKS", "SCORERS", "Candidate", "Columns", "Decision",
+    "Filter",
     "KVCache", "LeastLatency", "LeastRequest", "LeastRequestFilter", "LoraAffinity", "PrefixCache",
     "PrefixHints", "Request", "RingPick", "Scheduler", "Scorer", "SessionAffinity", "parse_config", "spec_error",
 ]
@@ -62,14 +64,14 @@ HEADER_MAX = 1024  # bytes of the explain header at most
 class Decision:
     """The chosen endpoint and, computed only when asked, every candidate's per-plugin scores."""
 
-    __slots__ = ("_cands", "_filtered", "_names", "_per", "_pick", "_top", "_totals", "index", "key", "n_input")
+    __slots__ = ("_cols", "_filtered", "_names", "_per", "_pick", "_top", "_totals", "index", "key", "n_input")
 
-    def __init__(self, cands: Sequence[Candidate], index: int, names: tuple[str, ...], per: list[list[float]],
+    def __init__(self, cols: Columns, index: int, names: tuple[str, ...], per: list[list[float]],
                  totals: list[float], pick: str, top: list[int] | None, filtered: list[str] | None,
                  n_input: int) -> None:
-        self._cands = cands
+        self._cols = cols
         self.index = index
-        self.key = cands[index].key
+        self.key = cols.keys[index]
         self._names = names
         self._per = per
         self._totals = totals
@@ -82,11 +84,11 @@ class Decision:
     def scores(self) -> dict[str, dict[str, float]]:
         """Candidate key -> plugin name -> score (0..100), for the candidates left by the filters."""
         names, per = self._names, self._per
-        return {c.key: {n: per[j][i] for j, n in enumerate(names)} for i, c in enumerate(self._cands)}
+        return {k: {n: per[j][i] for j, n in enumerate(names)} for i, k in enumerate(self._cols.keys)}
 
     @property
     def total(self) -> dict[str, float]:
-        return {c.key: self._totals[i] for i, c in enumerate(self._cands)}
+        return dict(zip(self._cols.keys, self._totals, strict=True))
 
     def ranking(self) -> list[int]:
         """Candidate indices, best total first (stable)."""
@@ -97,7 +99,7 @@ class Decision:
 
     @property
     def reason(self) -> str:
-        n = len(self._cands)
+        n = len(self._cols)
         if self._pick == "best":
             why = f"best total {self._totals[self.index]:.1f} of {n}"
         else:
@@ -119,7 +121,7 @@ class Decision:
             return head[: max_len - len(more) - 3] + "..." + more
         names, per, parts, used = self._names, self._per, [head], len(head)
         for done, i in enumerate(order):
-            part = f"{self._cands[i].key} t={self._totals[i]:.1f} " + " ".join(
+            part = f"{self._cols.keys[i]} t={self._totals[i]:.1f} " + " ".join(
                 f"{n}={per[j][i]:.0f}" for j, n in enumerate(names))
             rest = len(order) - done - 1
             tail = len(f"; +{rest} more") if rest else 0
@@ -162,38 +164,39 @@ class Scheduler:
         """The same chain with the router's prefix hints and ring lookup bound (a new scheduler)."""
         return parse_config(self.spec, prefix_hints=prefix_hints, ring_pick=ring_pick, rng=rng)
 
-    def choose(self, req: Request, cands: Sequence[Candidate]) -> Decision:
-        n_input = len(cands)
+    def choose(self, req: Request, cands: Columns | Sequence[Candidate]) -> Decision:
+        """Place ``req`` on one of ``cands`` (columns, or candidate objects turned into columns)."""
+        cols = cands if isinstance(cands, Columns) else Columns.of(cands)
+        n_input = len(cols.keys)
         if not n_input:
             raise ValueError("scheduler: no candidates")
         filtered: list[str] | None = None
         for f in self.filters:
-            out = f.filter(req, cands)
-            if len(out) != len(cands):
-                if not out:  # a filter must not empty the set: keep its input
-                    continue
+            keep = f.filter(req, cols)
+            if keep:  # None: all kept; []: a filter must not empty the set, so its answer is ignored
                 if filtered is None:
                     filtered = []
-                filtered.append(f"{f.name} {len(cands)}->{len(out)}")
-                cands = out
+                filtered.append(f"{f.name} {len(cols.keys)}->{len(keep)}")
+                cols = cols.take(keep)
+        n = len(cols.keys)
         per: list[list[float]] = []
         add = per.append
         totals: list[float] | None = None
         for score, w in self._fns:  # C-level map()s: no comprehension frames
-            s = score(req, cands)
-            if len(s) != len(cands):
-                raise ValueError(f"scheduler: a scorer returned {len(s)} scores for {len(cands)} candidates")
+            s = score(req, cols)
+            if len(s) != n:
+                raise ValueError(f"scheduler: a scorer returned {len(s)} scores for {n} candidates")
             add(s)
-            ws = s if w == 1.0 else list(map(mul, s, repeat(w, len(s))))
+            ws = s if w == 1.0 else list(map(mul, s, repeat(w, n)))
             totals = ws if totals is None else list(map(add_, totals, ws))
         assert totals is not None  # at least one scorer (checked in __init__)
         top: list[int] | None = None
-        if self.pick == "best" or len(cands) == 1:
+        if self.pick == "best" or n == 1:
             index = totals.index(max(totals))  # first of equals: stable by the caller's order
         else:
-            top = sorted(range(len(totals)), key=totals.__getitem__, reverse=True)[: self.top_n]
+            top = sorted(range(n), key=totals.__getitem__, reverse=True)[: self.top_n]
             index = self._draw(top, totals)
-        return Decision(cands, index, self.names, per, totals, self.pick, top, filtered, n_input)
+        return Decision(cols, index, self.names, per, totals, self.pick, top, filtered, n_input)
 
     def _draw(self, top: list[int], totals: list[float]) -> int:
         mass = 0.0

@@ -1,17 +1,20 @@
-"""Scheduler inputs and plugins: what a candidate endpoint and a request look like, and the
+"""Scheduler inputs and plugins: what the candidate endpoints and a request look like, and the
 filters and scorers that :mod:`flexinfer.proxy.scheduler` chains (after the Kthena router).
 
-Owns: :class:`Candidate`, :class:`Request`, the plugin protocols (:class:`Filter`, :class:`Scorer`)
-and the plugins ``least-request`` (scorer and filter), ``least-latency``, ``kv-cache``,
-``prefix-cache``, ``session-affinity`` (scorers) and ``lora-affinity`` (filter).
-Must not: do I/O, keep per-request state, read clocks, or import anything beyond the standard
-library (the router injects prefix hints and the ring lookup).
+Owns: :class:`Candidate` (one endpoint, for callers that think in objects), :class:`Columns` (the
+candidates as one list per figure: what the plugins read, so each plugin is one loop over lists,
+compiled in :mod:`flexinfer._speedups` where it reads engine figures), :class:`Request`, the plugin
+protocols (:class:`Filter`, :class:`Scorer`) and the plugins ``least-request`` (scorer and filter),
+``least-latency``, ``kv-cache``, ``prefix-cache``, ``session-affinity`` (scorers) and
+``lora-affinity`` (filter).
+Must not: do I/O, keep per-request state, read clocks, or import anything of ours beyond
+``_speedups`` (the router injects prefix hints and the ring lookup).
 
 Contracts:
 
-- A scorer returns one float in 0..100 per candidate, in the candidates' order; higher is better.
-- A filter returns a non-empty subset (order kept) when given a non-empty list: when nothing would
-  pass it returns its input (a fallback, never an empty list).
+- A scorer returns one float in 0..100 per candidate, in the columns' order; higher is better.
+- A filter returns the indices it keeps (order kept), or None to keep all; the scheduler ignores
+  an empty answer (a filter never empties the set: see each filter's fallback).
 - *Unknown* engine data (``None``: the scrape is stale or absent) never looks idle. The rule is the
   same for every scorer: an unknown value scores 0, the floor of the scale, so it is never better
   than the worst known value (a min-max scale's worst known is 0 too); a filter keeps unknown
@@ -22,13 +25,16 @@ Contracts:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from itertools import repeat
+from operator import itemgetter, mul
+from typing import Any, Protocol
+
+from flexinfer._speedups import keep_below, kv_free, least_latency, least_request
 
 MAX_WAITING = 10  # Kthena's maxWaitingRequests: the least-request filter drops endpoints at/above it
-EXCESS_FACTOR = 100.0  # Kthena: in-flight + 100 x max(in-flight - running, 0)
+EXCESS_FACTOR = 100.0  # Kthena: in-flight + 100 x max(in-flight - running, 0) (the kernels use the same)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +61,62 @@ class Request:
     prefix_hashes: list[int] = field(default_factory=list)  # chained prompt-block hashes
 
 
+class Columns:
+    """The candidates, one list per figure (``None`` entries: unknown), all of one length. The
+    lists may be shared with the caller's caches: plugins read them and never change them."""
+
+    __slots__ = ("adapters", "in_flight", "keys", "kv", "running", "tpot", "ttft", "waiting")
+
+    def __init__(self, keys: list[str], in_flight: list[int], waiting: list[float | None] | None = None,
+                 running: list[float | None] | None = None, kv: list[float | None] | None = None,
+                 ttft: list[float | None] | None = None, tpot: list[float | None] | None = None,
+                 adapters: list[frozenset[str] | None] | None = None) -> None:
+        # no length checks here (this is built per request): the kernels check what they read
+        unknown: list[Any] = [None] * len(keys)
+        self.keys = keys
+        self.in_flight = in_flight
+        self.waiting: list[float | None] = waiting if waiting is not None else unknown
+        self.running: list[float | None] = running if running is not None else unknown
+        self.kv: list[float | None] = kv if kv is not None else unknown
+        self.ttft: list[float | None] = ttft if ttft is not None else unknown
+        self.tpot: list[float | None] = tpot if tpot is not None else unknown
+        self.adapters: list[frozenset[str] | None] = adapters if adapters is not None else unknown
+
+    @classmethod
+    def of(cls, cands: Sequence[Candidate]) -> Columns:
+        return cls([c.key for c in cands], [c.in_flight for c in cands], [c.waiting for c in cands],
+                   [c.running for c in cands], [c.kv_usage for c in cands], [c.ttft_s for c in cands],
+                   [c.tpot_s for c in cands], [c.adapters for c in cands])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def take(self, idx: Sequence[int]) -> Columns:
+        """The candidates at ``idx``, in that order."""
+        if len(idx) == 1:
+            i = idx[0]
+            return Columns([self.keys[i]], [self.in_flight[i]], [self.waiting[i]], [self.running[i]],
+                           [self.kv[i]], [self.ttft[i]], [self.tpot[i]], [self.adapters[i]])
+        get = itemgetter(*idx)  # one C call per column (a tuple of the picked entries)
+        return Columns(list(get(self.keys)), list(get(self.in_flight)), list(get(self.waiting)),
+                       list(get(self.running)), list(get(self.kv)), list(get(self.ttft)), list(get(self.tpot)),
+                       list(get(self.adapters)))
+
+    def candidate(self, i: int) -> Candidate:
+        return Candidate(self.keys[i], self.in_flight[i], self.waiting[i], self.running[i], self.kv[i],
+                         self.ttft[i], self.tpot[i], self.adapters[i])
+
+
 class Filter(Protocol):
     name: str
 
-    def filter(self, req: Request, cands: Sequence[Candidate]) -> Sequence[Candidate]: ...
+    def filter(self, req: Request, cols: Columns) -> list[int] | None: ...
 
 
 class Scorer(Protocol):
     name: str
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]: ...
+    def score(self, req: Request, cols: Columns) -> list[float]: ...
 
 
 class PrefixHints(Protocol):
@@ -75,7 +127,7 @@ class PrefixHints(Protocol):
 
 #: The router's bounded-load ring lookup for a request's session key, given the candidates left by
 #: the filters: the endpoint key it names, or None (no ring for the model, or its answer was filtered).
-RingPick = Callable[[Request, Sequence[Candidate]], "str | None"]
+RingPick = Callable[[Request, Columns], "str | None"]
 
 
 class LeastRequest:
@@ -86,80 +138,31 @@ class LeastRequest:
 
     name: str = "least-request"
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
-        # plain loops: in CPython 3.11 each comprehension costs a frame, more than 16 iterations
-        bases: list[float] = []
-        add = bases.append
-        mx = 0.0
-        for c in cands:
-            f = c.in_flight
-            r = c.running
-            b = f * (1.0 + EXCESS_FACTOR) if r is None else f + EXCESS_FACTOR * (f - r) if f > r else f
-            add(b)
-            if b > mx:
-                mx = b
-        if mx <= 0.0:
-            return [100.0] * len(bases)
-        k = 100.0 / mx
-        out: list[float] = []
-        add = out.append
-        for b in bases:
-            add((mx - b) * k)
-        return out
+    def score(self, req: Request, cols: Columns) -> list[float]:
+        return least_request(cols.in_flight, cols.running)
 
 
 class LeastRequestFilter:
-    """Drops endpoints whose engine queue holds >= ``max_waiting`` requests (unknown: kept)."""
+    """Drops endpoints whose engine queue holds >= ``max_waiting`` requests (unknown: kept; all
+    over the limit: all kept)."""
 
     name: str = "least-request"
 
     def __init__(self, max_waiting: float = MAX_WAITING) -> None:
-        self.max_waiting = max_waiting
+        self.max_waiting = float(max_waiting)
 
-    def filter(self, req: Request, cands: Sequence[Candidate]) -> Sequence[Candidate]:
-        m = self.max_waiting
-        out: list[Candidate] = []
-        add = out.append
-        for c in cands:
-            w = c.waiting
-            if w is None or w < m:
-                add(c)
-        return out if out else cands
+    def filter(self, req: Request, cols: Columns) -> list[int] | None:
+        return keep_below(cols.waiting, self.max_waiting)
 
 
 class LeastLatency:
-    """TTFT and TPOT each min-max normalised across the candidates (lowest = 100), blended
-    0.5/0.5. Unknown: 0 for that half (the worst known score)."""
+    """TTFT and TPOT each min-max normalised across the candidates (lowest = 50, highest = 0, all
+    equal = 50), summed. Unknown: 0 for that half (the worst known score)."""
 
     name: str = "least-latency"
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
-        inf = math.inf
-        tlo = plo = inf
-        thi = phi = -inf
-        for c in cands:
-            t = c.ttft_s
-            if t is not None:
-                if t < tlo:
-                    tlo = t
-                if t > thi:
-                    thi = t
-            p = c.tpot_s
-            if p is not None:
-                if p < plo:
-                    plo = p
-                if p > phi:
-                    phi = p
-        # each half: 50 at the lowest, 0 at the highest, 50 when all known are equal; unknown 0
-        tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
-        pk = 50.0 / (phi - plo) if phi > plo else 0.0
-        out: list[float] = []
-        add = out.append
-        for c in cands:
-            t = c.ttft_s
-            p = c.tpot_s
-            add((0.0 if t is None else 50.0 - (t - tlo) * tk) + (0.0 if p is None else 50.0 - (p - plo) * pk))
-        return out
+    def score(self, req: Request, cols: Columns) -> list[float]:
+        return least_latency(cols.ttft, cols.tpot)
 
 
 class KVCache:
@@ -167,13 +170,8 @@ class KVCache:
 
     name: str = "kv-cache"
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
-        out: list[float] = []
-        add = out.append
-        for c in cands:
-            u = c.kv_usage
-            add(0.0 if u is None else 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u)))
-        return out
+    def score(self, req: Request, cols: Columns) -> list[float]:
+        return kv_free(cols.kv)
 
 
 class PrefixCache:
@@ -190,26 +188,18 @@ class PrefixCache:
         self.hints = hints
         self._batch: Callable[[list[str], list[int]], list[int]] | None = getattr(hints, "match_lens", None)
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
+    def score(self, req: Request, cols: Columns) -> list[float]:
         hashes = req.prefix_hashes
         hints = self.hints
+        n = len(cols.keys)
         if hints is None or not hashes:
-            return [0.0] * len(cands)
-        k = 100.0 / len(hashes)
-        out: list[float] = []
-        add = out.append
+            return [0.0] * n
         if self._batch is not None:
-            keys: list[str] = []
-            put = keys.append
-            for c in cands:
-                put(c.key)
-            for n in self._batch(keys, hashes):
-                add(n * k)
-            return out
-        match = hints.match_len
-        for c in cands:
-            add(match(c.key, hashes) * k)
-        return out
+            lens = self._batch(cols.keys, hashes)
+        else:
+            match = hints.match_len
+            lens = [match(k, hashes) for k in cols.keys]
+        return list(map(mul, lens, repeat(100.0 / len(hashes), n)))
 
 
 class SessionAffinity:
@@ -224,11 +214,11 @@ class SessionAffinity:
     def __init__(self, ring_pick: RingPick | None = None) -> None:
         self.ring_pick = ring_pick
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
+    def score(self, req: Request, cols: Columns) -> list[float]:
         key = None
         if req.session is not None and self.ring_pick is not None:
-            key = self.ring_pick(req, cands)
-        return [100.0 if c.key == key else 0.0 for c in cands]
+            key = self.ring_pick(req, cols)
+        return [100.0 if k == key else 0.0 for k in cols.keys]
 
 
 class LoraAffinity:
@@ -237,15 +227,15 @@ class LoraAffinity:
 
     name: str = "lora-affinity"
 
-    def filter(self, req: Request, cands: Sequence[Candidate]) -> Sequence[Candidate]:
+    def filter(self, req: Request, cols: Columns) -> list[int] | None:
         a = req.adapter
         if a is None:
-            return cands
-        have = [c for c in cands if c.adapters is not None and a in c.adapters]
-        if have:
-            return have
-        maybe = [c for c in cands if c.adapters is None]
-        return maybe if maybe else cands
+            return None
+        ads = cols.adapters
+        have = [i for i, s in enumerate(ads) if s is not None and a in s]
+        if not have:
+            have = [i for i, s in enumerate(ads) if s is None]
+        return have if have and len(have) != len(ads) else None
 
 
 SCORERS: dict[str, type] = {p.name: p for p in (LeastRequest, LeastLatency, KVCache, PrefixCache, SessionAffinity)}

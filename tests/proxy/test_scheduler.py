@@ -20,6 +20,7 @@ from flexinfer.proxy.scheduler import (
     DEFAULT,
     DEFAULT_SPEC,
     Candidate,
+    Columns,
     KVCache,
     LeastLatency,
     LeastRequest,
@@ -43,6 +44,17 @@ def approx(xs: Sequence[float]) -> list[object]:
     return [pytest.approx(x) for x in xs]
 
 
+def score(plugin: object, req: Request, cs: Sequence[Candidate]) -> list[float]:
+    """A scorer's answer for candidate objects (plugins read columns)."""
+    return plugin.score(req, Columns.of(cs))  # type: ignore[attr-defined, no-any-return]
+
+
+def kept(f: object, req: Request, cs: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates a filter keeps (it answers indices, or None for all)."""
+    idx = f.filter(req, Columns.of(cs))  # type: ignore[attr-defined]
+    return list(cs) if idx is None else [cs[i] for i in idx]
+
+
 # ---- plugins ---------------------------------------------------------------------------------
 
 
@@ -50,24 +62,24 @@ def test_least_request_kthena_formula_and_unknown_running() -> None:
     cs = [cand(0, in_flight=0, running=0), cand(1, in_flight=2, running=2), cand(2, in_flight=4, running=1),
           cand(3, in_flight=2, running=None), cand(4, in_flight=1, running=5)]
     # bases: 0, 2, 4 + 100*3 = 304, unknown running: 2 + 100*2 = 202, running > in-flight: 1
-    assert LeastRequest().score(REQ, cs) == approx([100, 100 * 302 / 304, 0, 100 * 102 / 304, 100 * 303 / 304])
+    assert score(LeastRequest(), REQ, cs) == approx([100, 100 * 302 / 304, 0, 100 * 102 / 304, 100 * 303 / 304])
     # unknown never looks better than the same count with a known, caught-up engine
-    s = LeastRequest().score(REQ, [cand(0, in_flight=3, running=None), cand(1, in_flight=3, running=3)])
+    s = score(LeastRequest(), REQ, [cand(0, in_flight=3, running=None), cand(1, in_flight=3, running=3)])
     assert s[0] < s[1]
 
 
 def test_least_request_all_idle_is_full_score() -> None:
     cs = [cand(i, in_flight=0, running=None) for i in range(3)]
-    assert LeastRequest().score(REQ, cs) == [100.0, 100.0, 100.0]
+    assert score(LeastRequest(), REQ, cs) == [100.0, 100.0, 100.0]
 
 
 def test_least_request_filter_drops_deep_queues_keeps_unknown_and_falls_back() -> None:
     f = LeastRequestFilter()
     cs = [cand(0, in_flight=0, waiting=12), cand(1, in_flight=0, waiting=3), cand(2, in_flight=0, waiting=None),
           cand(3, in_flight=0, waiting=10), cand(4, in_flight=0, waiting=9.5)]
-    assert [c.key for c in f.filter(REQ, cs)] == [cs[1].key, cs[2].key, cs[4].key]
+    assert [c.key for c in kept(f, REQ, cs)] == [cs[1].key, cs[2].key, cs[4].key]
     full = [cand(0, in_flight=0, waiting=10), cand(1, in_flight=0, waiting=50)]
-    assert list(f.filter(REQ, full)) == full
+    assert list(kept(f, REQ, full)) == full
 
 
 def test_least_latency_minmax_blend_and_unknown() -> None:
@@ -75,19 +87,19 @@ def test_least_latency_minmax_blend_and_unknown() -> None:
           cand(2, in_flight=0, ttft_s=0.2, tpot_s=0.03), cand(3, in_flight=0, ttft_s=None, tpot_s=None),
           cand(4, in_flight=0, ttft_s=0.1, tpot_s=None)]
     # ttft half: 50, 0, 25, 0, 50; tpot half: 50, 50, 0, 0, 0
-    assert LeastLatency().score(REQ, cs) == approx([100, 50, 25, 0, 50])
+    assert score(LeastLatency(), REQ, cs) == approx([100, 50, 25, 0, 50])
 
 
 def test_least_latency_equal_and_all_unknown() -> None:
     same = [cand(i, in_flight=0, ttft_s=0.2, tpot_s=0.02) for i in range(2)] + [cand(9, in_flight=0)]
-    assert LeastLatency().score(REQ, same) == [100.0, 100.0, 0.0]
-    assert LeastLatency().score(REQ, [cand(i, in_flight=0) for i in range(3)]) == [0.0, 0.0, 0.0]
+    assert score(LeastLatency(), REQ, same) == [100.0, 100.0, 0.0]
+    assert score(LeastLatency(), REQ, [cand(i, in_flight=0) for i in range(3)]) == [0.0, 0.0, 0.0]
 
 
 def test_kv_cache_scores_free_share_clamped_unknown_as_full() -> None:
     cs = [cand(0, in_flight=0, kv_usage=0.2), cand(1, in_flight=0, kv_usage=0.5), cand(2, in_flight=0),
           cand(3, in_flight=0, kv_usage=1.3), cand(4, in_flight=0, kv_usage=-0.1)]
-    assert KVCache().score(REQ, cs) == approx([80, 50, 0, 0, 100])
+    assert score(KVCache(), REQ, cs) == approx([80, 50, 0, 0, 100])
 
 
 def test_prefix_cache_match_share_from_the_routers_store() -> None:
@@ -97,10 +109,10 @@ def test_prefix_cache_match_share_from_the_routers_store() -> None:
     store.record("10.0.0.0:8000", hashes[:len(hashes) // 2])
     store.record("10.0.0.1:8000", hashes)
     cs = [cand(i, in_flight=0) for i in range(3)]
-    got = PrefixCache(store).score(Request("m", prefix_hashes=hashes), cs)
+    got = score(PrefixCache(store), Request("m", prefix_hashes=hashes), cs)
     assert got == approx([100 * (len(hashes) // 2) / len(hashes), 100, 0])
-    assert PrefixCache(store).score(Request("m"), cs) == [0.0, 0.0, 0.0]  # no prompt blocks
-    assert PrefixCache(None).score(Request("m", prefix_hashes=hashes), cs) == [0.0, 0.0, 0.0]  # no hints
+    assert score(PrefixCache(store), Request("m"), cs) == [0.0, 0.0, 0.0]  # no prompt blocks
+    assert score(PrefixCache(None), Request("m", prefix_hashes=hashes), cs) == [0.0, 0.0, 0.0]  # no hints
 
 
 class _BatchStore(PrefixStore):
@@ -120,14 +132,14 @@ def test_prefix_cache_uses_batched_hints_when_offered() -> None:
     hashes = chained_block_hashes("batched lookups " * 100, 64, 128)
     store.record("10.0.0.2:8000", hashes[:3])
     cs = [cand(i, in_flight=0) for i in range(3)]
-    got = PrefixCache(store).score(Request("m", prefix_hashes=hashes), cs)
+    got = score(PrefixCache(store), Request("m", prefix_hashes=hashes), cs)
     assert got == approx([0, 0, 300 / len(hashes)]) and store.batch_calls == 1
 
 
 def _ring_pick(loads: dict[str, int]) -> tuple[HashRing, object]:
     ring = HashRing([f"10.0.0.{i}:8000" for i in range(4)])
 
-    def pick(req: Request, cands: Sequence[Candidate]) -> str | None:
+    def pick(req: Request, cols: Columns) -> str | None:
         assert req.session is not None
         return ring.get_bounded(req.session, loads, 0.25)
     return ring, pick
@@ -139,14 +151,14 @@ def test_session_affinity_scores_the_ring_choice_only() -> None:
     cs = [cand(i, in_flight=0) for i in range(4)]
     for session in ("alice", "bob", "carol"):
         want = ring.get(session)
-        got = sa.score(Request("m", session=session), cs)
+        got = score(sa, Request("m", session=session), cs)
         assert got == [100.0 if c.key == want else 0.0 for c in cs]
-    assert sa.score(Request("m"), cs) == [0.0] * 4
-    assert SessionAffinity(None).score(Request("m", session="alice"), cs) == [0.0] * 4
+    assert score(sa, Request("m"), cs) == [0.0] * 4
+    assert score(SessionAffinity(None), Request("m", session="alice"), cs) == [0.0] * 4
     # the ring names an endpoint the filters removed: no preference rather than a wrong one
     owner = ring.get("alice")
     rest = [c for c in cs if c.key != owner]
-    assert sa.score(Request("m", session="alice"), rest) == [0.0] * 3
+    assert score(sa, Request("m", session="alice"), rest) == [0.0] * 3
 
 
 def test_session_affinity_follows_bounded_load_spill() -> None:
@@ -157,7 +169,7 @@ def test_session_affinity_follows_bounded_load_spill() -> None:
     loads.update({f"10.0.0.{i}:8000": 1 for i in range(4)})
     loads[owner] = 50  # far over (1 + 0.25) x average: the ring spills clockwise
     cs = [cand(i, in_flight=0) for i in range(4)]
-    got = SessionAffinity(pick).score(Request("m", session="alice"), cs)  # type: ignore[arg-type]
+    got = score(SessionAffinity(pick), Request("m", session="alice"), cs)  # type: ignore[arg-type]
     assert sum(got) == 100.0 and got[[c.key for c in cs].index(owner)] == 0.0
 
 
@@ -166,10 +178,10 @@ def test_lora_affinity_tiers() -> None:
     has = cand(0, in_flight=0, adapters=frozenset({"sql", "chat"}))
     lacks = cand(1, in_flight=0, adapters=frozenset({"chat"}))
     unknown = cand(2, in_flight=0, adapters=None)
-    assert list(f.filter(Request("m", adapter="sql"), [lacks, unknown, has])) == [has]
-    assert list(f.filter(Request("m", adapter="sql"), [lacks, unknown])) == [unknown]
-    assert list(f.filter(Request("m", adapter="sql"), [lacks])) == [lacks]  # falls back to all
-    assert list(f.filter(Request("m"), [lacks, unknown, has])) == [lacks, unknown, has]
+    assert list(kept(f, Request("m", adapter="sql"), [lacks, unknown, has])) == [has]
+    assert list(kept(f, Request("m", adapter="sql"), [lacks, unknown])) == [unknown]
+    assert list(kept(f, Request("m", adapter="sql"), [lacks])) == [lacks]  # falls back to all
+    assert list(kept(f, Request("m"), [lacks, unknown, has])) == [lacks, unknown, has]
 
 
 # ---- the chain -------------------------------------------------------------------------------
@@ -182,15 +194,15 @@ class _Const:
         self.name = name
         self.scores = scores
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
+    def score(self, req: Request, cols: Columns) -> list[float]:
         by_key = {f"10.0.0.{i}:8000": s for i, s in enumerate(self.scores)}
-        return [by_key[c.key] for c in cands]
+        return [by_key[k] for k in cols.keys]
 
 
 class _DropAll:
     name = "drop-all"
 
-    def filter(self, req: Request, cands: Sequence[Candidate]) -> Sequence[Candidate]:
+    def filter(self, req: Request, cols: Columns) -> list[int] | None:
         return []
 
 
@@ -231,8 +243,8 @@ def test_filters_narrow_and_an_emptying_filter_is_ignored() -> None:
 class _Short:
     name = "short"
 
-    def score(self, req: Request, cands: Sequence[Candidate]) -> list[float]:
-        return [1.0] * (len(cands) - 1)
+    def score(self, req: Request, cols: Columns) -> list[float]:
+        return [1.0] * (len(cols) - 1)
 
 
 def test_scorer_of_wrong_length_is_an_error() -> None:
@@ -321,8 +333,8 @@ def test_parse_string_and_mapping_forms() -> None:
 def test_with_deps_binds_hints_and_ring() -> None:
     store = PrefixStore()
 
-    def ring(key: str, cands: Sequence[Candidate]) -> str | None:
-        return cands[-1].key
+    def ring(req: Request, cols: Columns) -> str | None:
+        return cols.keys[-1]
     s = parse_config("prefix-cache,session-affinity").with_deps(prefix_hints=store, ring_pick=ring)
     pc, sa = (p for p, _ in s.scorers)
     assert isinstance(pc, PrefixCache) and pc.hints is store

@@ -49,3 +49,8 @@ def prefixhash(impl: str) -> ModuleType:
 def twins() -> dict[str, tuple[ModuleType, ModuleType]]:
     """(py, c) module pairs for the agreement tests; skips when the c side is missing."""
     return {name: (load(name, "py"), load(name, "c")) for name in _speedups.PRIMITIVES}
+
+
+@pytest.fixture
+def schedkern(impl: str) -> ModuleType:
+    return load("schedkern", impl)

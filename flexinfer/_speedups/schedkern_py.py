@@ -1,0 +1,108 @@
+"""The ``scored`` scheduler's per-candidate loops (pure Python twin of ``schedkern_c``).
+
+Owns: the arithmetic of the plugins that read engine figures, over columns (one list per figure,
+one entry per candidate, ``None`` = unknown): Kthena's least-request score, the least-latency
+blend, the free KV cache, and the waiting-queue filter. Same results as the compiled twin, bit
+for bit (the same operations in the same order on doubles).
+Must not: import anything from flexinfer, or keep state.
+
+Contracts (the plugins in ``flexinfer.proxy.scorers`` document them): every score is in 0..100,
+higher is better, and an unknown figure scores 0, the floor of the scale, so unknown never looks
+better than the worst known value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["keep_below", "kv_free", "least_latency", "least_request"]
+
+EXCESS_FACTOR = 100.0
+
+
+def least_request(in_flight: Sequence[int], running: Sequence[float | None]) -> list[float]:
+    """base = f + 100 x max(f - r, 0) (unknown r: f x 101); score = 100 x (max - base) / max
+    (all bases 0: 100 each)."""
+    n = len(in_flight)
+    if len(running) != n:
+        raise ValueError("in_flight and running differ in length")
+    bases: list[float] = []
+    add = bases.append
+    mx = 0.0
+    for i in range(n):
+        f = float(in_flight[i])
+        r = running[i]
+        if r is None:
+            b = f * (1.0 + EXCESS_FACTOR)
+        else:
+            r = float(r)
+            b = f + EXCESS_FACTOR * (f - r) if f > r else f
+        add(b)
+        if b > mx:
+            mx = b
+    if mx <= 0.0:
+        return [100.0] * n
+    k = 100.0 / mx
+    return [(mx - b) * k for b in bases]
+
+
+def least_latency(ttft: Sequence[float | None], tpot: Sequence[float | None]) -> list[float]:
+    """Each half: 50 at the lowest known value, 0 at the highest, 50 when all known are equal;
+    unknown 0. Score = TTFT half + TPOT half."""
+    n = len(ttft)
+    if len(tpot) != n:
+        raise ValueError("ttft and tpot differ in length")
+    inf = float("inf")
+    tlo = plo = inf
+    thi = phi = -inf
+    for i in range(n):
+        t = ttft[i]
+        if t is not None:
+            t = float(t)
+            if t < tlo:
+                tlo = t
+            if t > thi:
+                thi = t
+        p = tpot[i]
+        if p is not None:
+            p = float(p)
+            if p < plo:
+                plo = p
+            if p > phi:
+                phi = p
+    tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
+    pk = 50.0 / (phi - plo) if phi > plo else 0.0
+    out: list[float] = []
+    add = out.append
+    for i in range(n):
+        t = ttft[i]
+        p = tpot[i]
+        add((0.0 if t is None else 50.0 - (float(t) - tlo) * tk) + (0.0 if p is None else 50.0 - (float(p) - plo) * pk))
+    return out
+
+
+def kv_free(kv: Sequence[float | None]) -> list[float]:
+    """100 x (1 - usage), usage clamped to 0..1; unknown 0 (as if full)."""
+    out: list[float] = []
+    add = out.append
+    for u in kv:
+        if u is None:
+            add(0.0)
+        else:
+            u = float(u)
+            add(100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u)))
+    return out
+
+
+def keep_below(values: Sequence[float | None], limit: float) -> list[int] | None:
+    """Indices whose value is unknown or < ``limit``; None when that is every index (nothing to
+    drop) or no index (a filter never empties the set)."""
+    limit = float(limit)
+    keep: list[int] = []
+    add = keep.append
+    for i, v in enumerate(values):
+        if v is None or float(v) < limit:
+            add(i)
+    if not keep or len(keep) == len(values):
+        return None
+    return keep

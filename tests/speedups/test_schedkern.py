@@ -1,0 +1,55 @@
+"""The scheduler kernels (``schedkern``) on both twins: Kthena's least-request score, the
+least-latency blend, free KV cache and the waiting filter, unknown figures included; and the
+compiled twin agreeing with the reference bit for bit on random columns."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.speedups.conftest import load
+
+SETTINGS = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def test_least_request(schedkern: ModuleType) -> None:
+    # bases: 0, 2, 4 + 100*3 = 304, unknown running: 2 + 100*2 = 202, running > in-flight: 1
+    got = schedkern.least_request([0, 2, 4, 2, 1], [0.0, 2.0, 1.0, None, 5.0])
+    assert got == pytest.approx([100, 100 * 302 / 304, 0, 100 * 102 / 304, 100 * 303 / 304])
+    assert schedkern.least_request([0, 0], [None, 3.0]) == [100.0, 100.0]  # all idle
+    assert schedkern.least_request([], []) == []
+    with pytest.raises(ValueError):
+        schedkern.least_request([1, 2], [None])
+
+
+def test_least_latency(schedkern: ModuleType) -> None:
+    got = schedkern.least_latency([0.1, 0.3, 0.2, None, 0.1], [0.01, 0.01, 0.03, None, None])
+    assert got == pytest.approx([100, 50, 25, 0, 50])
+    assert schedkern.least_latency([0.2, 0.2, None], [0.02, 0.02, None]) == [100.0, 100.0, 0.0]
+    with pytest.raises(ValueError):
+        schedkern.least_latency([0.1], [])
+
+
+def test_kv_free_and_keep_below(schedkern: ModuleType) -> None:
+    assert schedkern.kv_free([0.2, 0.5, None, 1.3, -0.1]) == pytest.approx([80, 50, 0, 0, 100])
+    assert schedkern.keep_below([12.0, 3.0, None, 10.0, 9.5], 10.0) == [1, 2, 4]
+    assert schedkern.keep_below([1.0, None], 10.0) is None  # nothing dropped
+    assert schedkern.keep_below([10.0, 50.0], 10.0) is None  # all would go: the filter keeps all
+
+
+figure = st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False))
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 10_000), figure, figure, figure, figure), max_size=40))
+def test_twins_agree_bit_for_bit(rows: list[tuple[int, float | None, float | None, float | None, float | None]]) -> None:
+    py, c = load("schedkern", "py"), load("schedkern", "c")
+    f = [r[0] for r in rows]
+    a, b, d, e = ([r[i] for r in rows] for i in range(1, 5))
+    assert py.least_request(f, a) == c.least_request(f, a)
+    assert py.least_latency(b, d) == c.least_latency(b, d)
+    assert py.kv_free(e) == c.kv_free(e)
+    assert py.keep_below(a, 10.0) == c.keep_below(a, 10.0)
