@@ -70,6 +70,7 @@ BACKEND: Final = PREFIX + "backend"                  # label + annotation: backe
 VRAM_ESTIMATE_MB: Final = PREFIX + "gpu.vram-estimate-mb"  # pod annotation: VRAM per GPU the model needs
 GPU_GROUP: Final = PREFIX + "gpu-group"              # label: shared GPU group
 ROUTING: Final = PREFIX + "routing"                  # Model annotation: session-affinity | prefix | least-loaded
+ROLE: Final = PREFIX + "role"                        # pod/Service/EndpointSlice label: prefill | decode | both
 SERVICE_LABELS: Final = PREFIX + "service-labels"    # Service annotation: comma-joined service labels
 ACTIVE_SERVICES: Final = "ai.flexinfer/active-services"  # Service annotation (note the other spelling)
 SERVE_PATHS: Final = PREFIX + "serve-paths"
