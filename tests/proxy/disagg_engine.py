@@ -14,7 +14,8 @@ this engine plays both roles of the protocol without any KV cache:
 Every deviation is appended to :attr:`DisaggEngine.problems` (tests assert it stays empty); every
 request is in :attr:`StubEngine.requests`. :attr:`DisaggEngine.fault` scripts one engine's failure
 (headers would reach both engines): ``status:<code>`` (an OpenAI error), ``reset`` (RST before
-answering), ``not-json`` (200 with a text body), ``no-kv`` (200 JSON without ``kv_transfer_params``).
+answering), ``not-json`` (200 with a text body), ``no-kv`` (200 JSON without ``kv_transfer_params``),
+``delay:<s>`` (wait s seconds, then answer).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class _DisaggConn(_Conn):
             await super()._answer(cap)
             return
         fault = eng.fault
+        if fault.startswith("delay:"):
+            await asyncio.sleep(float(fault[6:]))
         if fault == "reset":
             self._close(rst=True)
             return

@@ -16,6 +16,7 @@ from flexinfer.runtime.base import Endpoint, ModelView
 from flexinfer.runtime.kuberemote import view_from_dict, view_to_dict
 from flexinfer.runtime.localconfig import load_local_config
 from flexinfer.runtime.static import InventoryConfigError, load_static
+from flexinfer.settings import with_changes
 from tests.harness import free_port
 from tests.proxy.conftest import Stack, fast_settings
 from tests.proxy.disagg_engine import DisaggEngine
@@ -33,10 +34,12 @@ class Disagg(Stack):
         return eng
 
     def serve(self, prefill: list[DisaggEngine | int], decode: list[DisaggEngine | int],
-              routing: str = "default") -> openai.OpenAI:
+              routing: str = "default", response_timeout: float = 5.0) -> openai.OpenAI:
         eps = [Endpoint("127.0.0.1", e if isinstance(e, int) else e.port, "prefill") for e in prefill]
         eps += [Endpoint("127.0.0.1", e if isinstance(e, int) else e.port, "decode") for e in decode]
-        self.start_proxy([ModelView("m", tuple(eps), served_name="served-m", routing=routing)], fast_settings())
+        settings = fast_settings()
+        settings = with_changes(settings, upstream=with_changes(settings.upstream, response_timeout=response_timeout))
+        self.start_proxy([ModelView("m", tuple(eps), served_name="served-m", routing=routing)], settings)
         return openai.OpenAI(base_url=self.base_url, api_key="k", max_retries=0)
 
     def in_flight(self) -> dict[str, int]:
@@ -159,6 +162,30 @@ def test_a_failing_prefill_is_an_error_and_decode_is_never_called(st: Disagg, fa
     assert st.in_flight() == {}
 
 
+def test_a_prefill_without_an_answer_in_time_is_504_and_decode_is_never_called(st: Disagg) -> None:
+    p = st.engine("prefill")
+    d = st.engine("decode")
+    p.fault = "delay:2"
+    c = st.serve([p], [d], response_timeout=0.2)
+    with pytest.raises(openai.InternalServerError) as ei:
+        c.chat.completions.create(model="m", messages=MSGS)
+    assert ei.value.status_code == 504 and _error(ei.value)["code"] == "prefill_failed"
+    assert len(p.requests) == 1 and d.requests == []
+    assert st.in_flight() == {}
+
+
+def test_a_decode_without_an_answer_in_time_is_504_and_prefill_ran_once(st: Disagg) -> None:
+    p = st.engine("prefill")
+    d = st.engine("decode")
+    d.fault = "delay:2"
+    c = st.serve([p], [d], response_timeout=0.2)
+    with pytest.raises(openai.InternalServerError) as ei:
+        c.chat.completions.create(model="m", messages=MSGS)
+    assert ei.value.status_code == 504 and _error(ei.value)["code"] == "upstream_timeout"
+    assert len(p.requests) == 1 and len(d.requests) == 1
+    assert st.in_flight() == {}
+
+
 def test_a_prefill_refusing_the_request_answers_the_client_with_its_error(st: Disagg) -> None:
     p = st.engine("prefill")
     d = st.engine("decode")
@@ -181,6 +208,21 @@ def test_a_failing_decode_is_an_error_and_prefill_ran_once(st: Disagg, fault: st
     with pytest.raises(openai.APIStatusError) as ei:
         c.chat.completions.create(model="m", messages=MSGS)
     assert ei.value.status_code == status and _error(ei.value)["code"] == code
+    assert len(p.requests) == 1 and len(d.requests) == 1
+    assert st.in_flight() == {}
+
+
+def test_a_decode_stream_dying_midway_is_an_sse_error_and_prefill_ran_once(st: Disagg) -> None:
+    p = st.engine("prefill")
+    d = st.engine("decode")
+    c = st.serve([p], [d])
+    stream = c.chat.completions.create(model="m", messages=MSGS, stream=True,  # the prefill engine ignores x-stub-*
+                                       extra_headers={"x-stub-fail-after": "3"})
+    got: list[str | None] = []
+    with pytest.raises(openai.APIError, match="mid-stream"):
+        for ch in stream:
+            got.append(ch.choices[0].delta.content)
+    assert got == ["", "tok0 ", "tok1 "]
     assert len(p.requests) == 1 and len(d.requests) == 1
     assert st.in_flight() == {}
 
