@@ -18,6 +18,7 @@ from flexinfer.runtime.localconfig import load_local_config
 from flexinfer.runtime.static import InventoryConfigError, load_static
 from flexinfer.settings import with_changes
 from tests.harness import free_port
+from tests.proxy._procs import proxy
 from tests.proxy.conftest import Stack, fast_settings
 from tests.proxy.disagg_engine import DisaggEngine
 
@@ -254,6 +255,25 @@ def test_the_metric_is_exported(st: Disagg) -> None:
     c.chat.completions.create(model="m", messages=MSGS)
     text = st.call(lambda: st.handler.metrics.render()).decode()
     assert 'flexinfer_proxy_disagg_requests_total{model="m",outcome="ok",stage="prefill"} 1.0' in text
+
+
+def test_flexinfer_proxy_serves_a_static_inventory_with_roles(st: Disagg, tmp_path: Path) -> None:
+    p = st.engine("prefill")
+    d = st.engine("decode")
+    inv = _write(tmp_path, f"""models:
+  - name: m
+    routing: least-loaded
+    endpoints:
+      - {{url: "http://127.0.0.1:{p.port}", role: prefill}}
+      - {{url: "http://127.0.0.1:{d.port}", role: decode}}
+""")
+    with proxy(Path(inv), workers=2) as port:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        for _ in range(3):
+            assert c.chat.completions.create(model="m", messages=MSGS).choices[0].message.content == "hello from stub"
+    _clean(p, d)
+    assert len(p.generations()) == 3 and len(d.generations()) == 3
+    assert [g["kv_transfer_params"] for g in d.generations()] == p.issued
 
 
 # ---- the model: roles, and what is disaggregated ------------------------------------------------------
