@@ -71,6 +71,7 @@ VRAM_ESTIMATE_MB: Final = PREFIX + "gpu.vram-estimate-mb"  # pod annotation: VRA
 GPU_GROUP: Final = PREFIX + "gpu-group"              # label: shared GPU group
 ROUTING: Final = PREFIX + "routing"                  # Model annotation: session-affinity | prefix | least-loaded
 SCHEDULER: Final = PREFIX + "scheduler"              # Model annotation: the ``scored`` chain ("least-request:1,...")
+ROLE: Final = PREFIX + "role"                        # pod/Service/EndpointSlice label: prefill | decode | both
 SERVICE_LABELS: Final = PREFIX + "service-labels"    # Service annotation: comma-joined service labels
 ACTIVE_SERVICES: Final = "ai.flexinfer/active-services"  # Service annotation (note the other spelling)
 SERVE_PATHS: Final = PREFIX + "serve-paths"

@@ -20,6 +20,7 @@ from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamError, Up
 from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
 from flexinfer.http.responses import sse_event
 from flexinfer.proxy.context import RequestContext
+from flexinfer.proxy.disagg import Disagg
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.routing import Router
 from flexinfer.runtime.base import Endpoint, ModelView
@@ -87,6 +88,7 @@ class Forwarder:
         self.settings = settings
         self._explain = _EXPLAIN_MODES[settings.route_explain]
         self._decisions: dict[tuple[str, str, str], Any] = {}  # (model, strategy, source) -> counter child
+        self.disagg = Disagg(self)  # prefill/decode disaggregation (only for views with endpoint roles)
 
     def _decided(self, req: Request, view: ModelView, ep: Endpoint, strategy: str, source: str) -> None:
         """Count the pick in ``routing_decisions_total`` and, when asked, explain it."""
@@ -106,13 +108,18 @@ class Forwarder:
                 ctx.explain = text.encode("ascii", "replace")
 
     async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
-                    headers: list[tuple[bytes, bytes]], body: bytes
+                    headers: list[tuple[bytes, bytes]], body: bytes,
+                    first: tuple[Endpoint, str, str] | None = None
                     ) -> tuple[UpstreamResponse, Endpoint, str, str]:
-        """Open the upstream exchange; one retry on another replica if the first refused us."""
+        """Open the upstream exchange; one retry on another replica if the first refused us.
+        ``first``: a pick made already (the disaggregated flow picks the decode replica early)."""
         exclude: frozenset[str] = frozenset()
         while True:
             try:
-                ep, strategy, source = self.router.pick(view, data, req, exclude)
+                if first is not None:
+                    (ep, strategy, source), first = first, None
+                else:
+                    ep, strategy, source = self.router.pick(view, data, req, exclude)
             except LookupError:
                 raise errors.ServiceUnavailable(
                     f"model {view.name!r} has no reachable replica", retry_after=1) from None
@@ -172,8 +179,11 @@ class Forwarder:
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
         try:
-            up, ep, strategy, source = await self._send(
-                req, f"{ctx.path}?{req.query}" if req.query else ctx.path, view, data, headers, body)
+            path = f"{ctx.path}?{req.query}" if req.query else ctx.path
+            if view.disaggregated:  # prefill on one replica, then this exchange with a decode replica
+                up, ep, strategy, source = await self.disagg.send(req, ctx, path, view, data, headers, body)
+            else:
+                up, ep, strategy, source = await self._send(req, path, view, data, headers, body)
             # the replica's load drops when its answer is complete, before the client has the last
             # byte: a client's next request (same session) sees the replica idle, not still busy
             up.when_complete(self.router.release, ep)

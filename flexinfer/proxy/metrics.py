@@ -213,6 +213,9 @@ class ProxyMetrics:
                                           ["model", "endpoint"], registry=reg)
         self.routing_decisions = Counter(f"{PREFIX}_routing_decisions", "Routing decisions.",
                                          ["model", "strategy", "key_source"], registry=reg)
+        self.disagg_requests = Counter(f"{PREFIX}_disagg_requests",
+                                       "Prefill/decode disaggregation steps by stage and outcome.",
+                                       ["model", "stage", "outcome"], registry=reg)
         self.max_tokens_clamped = Counter(f"{PREFIX}_max_tokens_clamped", "max_tokens lowered to fit.",
                                           ["model"], registry=reg)
         self.queue_depth = Gauge(f"{PREFIX}_queue_depth", "Requests waiting for a model to wake.",

@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 ROUTING_STRATEGIES = ("default", "round-robin", "session-affinity", "prefix", "prefix-cache", "least-loaded",
                       "scored")
+#: what a replica does in prefill/decode disaggregation (docs/disaggregation.md); "both": an ordinary engine
+ENDPOINT_ROLES = ("prefill", "decode", "both")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +26,16 @@ class Endpoint:
 
     host: str
     port: int
+    role: str = "both"  # one of ENDPOINT_ROLES: "prefill" or "decode" only in a disaggregated model
     key: str = field(init=False, compare=False, repr=False)  # "host:port", computed once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", f"{self.host}:{self.port}")
+        if self.role != "both" and self.role not in ENDPOINT_ROLES:
+            raise ValueError(f"endpoint role {self.role!r} must be one of {', '.join(ENDPOINT_ROLES)}")
 
     @classmethod
-    def parse(cls, url: str) -> Endpoint:
+    def parse(cls, url: str, role: str = "both") -> Endpoint:
         """``http://host:port`` or ``host:port`` -> Endpoint. Only plain HTTP is spoken upstream."""
         s = url.strip()
         if s.startswith("http://"):
@@ -46,7 +51,7 @@ class Endpoint:
             host, _, port = s.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"endpoint {url!r} must look like http://host:port")
-        return cls(host, int(port))
+        return cls(host, int(port), role)
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -69,6 +74,12 @@ class ModelView:
     owned_by: str = "flexinfer"
     created: int = 0
     metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    #: prefill/decode disaggregation: True when some endpoint's role is not "both" (computed once per
+    #: view, read per request; see flexinfer.proxy.disagg for the prefill and decode sets)
+    disaggregated: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "disaggregated", any(e.role != "both" for e in self.endpoints))
 
     @property
     def upstream_model(self) -> str:

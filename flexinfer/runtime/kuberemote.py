@@ -63,7 +63,9 @@ class RemoteWakeError(RuntimeError):
 # -- the codec ---------------------------------------------------------------------------------------
 
 def view_to_dict(v: ModelView) -> dict[str, Any]:
-    return {"name": v.name, "endpoints": [[e.host, e.port] for e in v.endpoints], "ready": v.ready,
+    # an endpoint is [host, port], or [host, port, role] when its role is not "both" (older peers read both)
+    eps = [[e.host, e.port] if e.role == "both" else [e.host, e.port, e.role] for e in v.endpoints]
+    return {"name": v.name, "endpoints": eps, "ready": v.ready,
             "served_name": v.served_name, "aliases": list(v.aliases), "routing": v.routing,
             "scheduler": v.scheduler, "cold_start_timeout": v.cold_start_timeout, "context_window": v.context_window,
             "rewrite_model": v.rewrite_model, "owned_by": v.owned_by, "created": v.created,
@@ -71,7 +73,7 @@ def view_to_dict(v: ModelView) -> dict[str, Any]:
 
 
 def view_from_dict(d: Mapping[str, Any]) -> ModelView:
-    return ModelView(name=d["name"], endpoints=tuple(Endpoint(h, p) for h, p in d["endpoints"]),
+    return ModelView(name=d["name"], endpoints=tuple(Endpoint(*e) for e in d["endpoints"]),
                      ready=d["ready"], served_name=d["served_name"], aliases=tuple(d["aliases"]),
                      routing=d["routing"], scheduler=d.get("scheduler"), cold_start_timeout=d["cold_start_timeout"],
                      context_window=d["context_window"], rewrite_model=d["rewrite_model"],

@@ -11,6 +11,11 @@ Rules it implements (``shared/reference/flexinfer-upstream.md`` §4):
 - A model's endpoints are the ready, not terminating addresses of the EndpointSlices of its Service
   (label ``flexinfer.ai/model``, else the Service named like the model), on the Service's ``http``
   port (else its first), skipping pods on nodes labelled ``flexinfer.ai/spot-terminating``.
+- Prefill/decode disaggregation: an endpoint's role is the label ``flexinfer.ai/role`` of its
+  EndpointSlice, else of its Service (the EndpointSlice controller copies a Service's labels onto its
+  slices; pods are not watched, so label the pods' Service), else ``both``. The model's other
+  Services (label ``flexinfer.ai/model``) that carry a role add their endpoints too: one Service
+  per role is the usual layout. Without role labels nothing changes.
 - A view is ready when the resource says so (``Ready`` condition; without one, phase ``Ready`` for a
   Model, ``Running`` with ready replicas for a ModelDeployment) *and* it has a ready endpoint.
 - Names, first claimant wins within each rank: canonical names > ``litellm`` ``servedModelName``,
@@ -42,7 +47,7 @@ from flexinfer.api.conditions import READY
 from flexinfer.api.model import MODEL as MODEL_KIND
 from flexinfer.api.modeldeployment import MODEL_DEPLOYMENT as MODEL_DEPLOYMENT_KIND
 from flexinfer.backends import get_backend
-from flexinfer.runtime.base import ROUTING_STRATEGIES, Endpoint, ModelView
+from flexinfer.runtime.base import ENDPOINT_ROLES, ROUTING_STRATEGIES, Endpoint, ModelView
 
 log = logging.getLogger("flexinfer.kube")
 
@@ -69,6 +74,17 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
+def _role(kind: str, ns: str, name: str, lab: Mapping[str, Any]) -> str | None:
+    """The ``flexinfer.ai/role`` label of an object; None when absent, or invalid (logged)."""
+    v = lab.get(labels.ROLE)
+    if v is None:
+        return None
+    if v in ENDPOINT_ROLES:
+        return str(v)
+    log.warning("ignoring label %s=%r on %s %s/%s (prefill, decode or both)", labels.ROLE, v, kind, ns, name)
+    return None
+
+
 def _epoch(dt: datetime | None) -> int:
     return int(dt.timestamp()) if dt is not None else 0
 
@@ -86,6 +102,7 @@ class ServiceInfo:
     service_labels: tuple[str, ...] | None  # annotation flexinfer.ai/service-labels (None: absent)
     active_services: tuple[str, ...] | None  # annotation ai.flexinfer/active-services (None: absent)
     port_name: str | None  # the Service port to use on the slices: "http" if present, else the first
+    role: str | None = None  # label flexinfer.ai/role (prefill | decode | both); None: absent or invalid
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any]) -> ServiceInfo:
@@ -102,7 +119,8 @@ class ServiceInfo:
                    model=str(lab.get(labels.MODEL) or lab.get(labels.MODELDEPLOYMENT_CR) or name),
                    service_labels=_split(sl) if isinstance(sl, str) else None,
                    active_services=_split(act) if isinstance(act, str) else None,
-                   port_name=port_name if isinstance(port_name, str) and port_name else None)
+                   port_name=port_name if isinstance(port_name, str) and port_name else None,
+                   role=_role(SERVICE, ns, name, lab))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +132,7 @@ class SliceInfo:
     service: str
     ports: tuple[tuple[str, int], ...]  # (name, port)
     addresses: tuple[tuple[str, str | None], ...]  # (address, node) of ready, not terminating endpoints
+    role: str | None = None  # label flexinfer.ai/role (None: absent or invalid; the Service's then)
 
     def port(self, name: str | None) -> int | None:
         for n, p in self.ports:
@@ -140,7 +159,7 @@ class SliceInfo:
                 node = ep.get("nodeName")
                 addrs.append((a[0], node if isinstance(node, str) else None))
         return cls(namespace=ns, name=name, service=str(lab.get(labels.ENDPOINTSLICE_SERVICE_NAME) or ""),
-                   ports=ports, addresses=tuple(addrs))
+                   ports=ports, addresses=tuple(addrs), role=_role(SLICE, ns, name, lab))
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +362,15 @@ class ClusterState:
         svc_name = svc.name if svc is not None else name
         port_name = svc.port_name if svc is not None else "http"
         eps: set[Endpoint] = set()
+        self._slice_endpoints(eps, ns, svc_name, port_name, svc.role if svc is not None else None)
+        for other in self._services_of.get((ns, name), ()):  # disaggregation: one Service per role
+            o = self.services.get((ns, other))
+            if other != svc_name and o is not None and o.role is not None:
+                self._slice_endpoints(eps, ns, other, o.port_name, o.role)
+        return tuple(sorted(eps, key=lambda e: (e.host, e.port, e.role)))
+
+    def _slice_endpoints(self, eps: set[Endpoint], ns: str, svc_name: str, port_name: str | None,
+                         svc_role: str | None) -> None:
         for slice_name in self._slices_of.get((ns, svc_name), ()):
             sl = self.slices.get((ns, slice_name))
             if sl is None:
@@ -350,11 +378,11 @@ class ClusterState:
             port = sl.port(port_name)
             if port is None:
                 continue
+            role = sl.role or svc_role or "both"
             for addr, node in sl.addresses:
                 if node is not None and node in self.spot_nodes:
                     continue
-                eps.add(Endpoint(addr, port))
-        return tuple(sorted(eps, key=lambda e: (e.host, e.port)))
+                eps.add(Endpoint(addr, port, role))
 
     def view_name(self, key: Key) -> str | None:
         kind, ns, name = key

@@ -22,7 +22,8 @@ Format (``examples/local.yaml``)::
 Command macros: ``${PORT}`` (a free port chosen at start), ``${MODEL}`` (the resolved model path),
 ``${NAME}``, ``${THREADS}`` (the core count), ``${PYTHON}`` (this interpreter). ``pkg://package/file``
 finds a file inside an installed package with ``importlib.util.find_spec`` without importing it.
-This module only parses and validates; it starts nothing.
+This module only parses and validates; it starts nothing. Prefill/decode disaggregation is refused
+here (a ``role`` or ``endpoints`` key is an error): each local model is one process on one port.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ def parse_local_model(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> 
     name = entry.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:@+\-]{0,126}", name):
         raise InventoryConfigError(f"model name {name!r} must be 1-127 characters of letters, digits, ._:@+-")
+    if "role" in entry or "endpoints" in entry:  # docs/disaggregation.md: static or kube inventories only
+        raise InventoryConfigError(
+            f"model {name!r}: {'role' if 'role' in entry else 'endpoints'}: the local runtime runs one engine "
+            "process per model (llama.cpp cannot serve disaggregated prefill/decode); put disaggregated "
+            "endpoints in a static inventory (proxy -c) instead")
     backend = entry.get("backend", "command")
     served = entry.get("served_name", name)
     args = [str(a) for a in entry.get("args", [])]

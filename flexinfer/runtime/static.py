@@ -10,6 +10,11 @@ Format (``examples/static.yaml``)::
         routing: default              # default | round-robin | session-affinity | prefix | prefix-cache | least-loaded | scored
         scheduler: "least-request:1,kv-cache:1;filters=least-request"   # with scored: the chain (default: Kthena's)
         context_window: 2048          # optional: enables the max_tokens clamp
+      - name: big                     # prefill/decode disaggregation (docs/disaggregation.md)
+        endpoints:
+          - {url: http://10.0.0.1:8000, role: prefill}   # role: prefill | decode | both (default)
+          - {url: http://10.0.0.2:8000, role: decode}
+          - http://10.0.0.3:8000                         # a plain URL: role both
 
 Models of a static inventory are always ready; it has no scaler.
 """
@@ -21,7 +26,13 @@ from typing import Any
 
 import yaml
 
-from flexinfer.runtime.base import ROUTING_STRATEGIES, Endpoint, ModelView, StaticInventoryBase
+from flexinfer.runtime.base import (
+    ENDPOINT_ROLES,
+    ROUTING_STRATEGIES,
+    Endpoint,
+    ModelView,
+    StaticInventoryBase,
+)
 
 
 class InventoryConfigError(ValueError):
@@ -38,19 +49,49 @@ def _str_list(model: str, key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _endpoints(model: str, value: Any) -> tuple[Endpoint, ...]:
+    """``endpoints``: URL strings, or mappings ``{url: ..., role: prefill|decode|both}``."""
+    if value is None:
+        return ()
+    if isinstance(value, str | Mapping):
+        value = [value]
+    if not isinstance(value, list):
+        raise InventoryConfigError(f"model {model!r}: endpoints must be a list of URLs or {{url, role}} mappings")
+    out: list[Endpoint] = []
+    for i, item in enumerate(value):
+        role: Any = "both"
+        if isinstance(item, Mapping):
+            extra = set(item) - {"url", "role"}
+            if extra:
+                raise InventoryConfigError(f"model {model!r}: endpoints[{i}]: unknown field(s) "
+                                           f"{', '.join(sorted(map(str, extra)))} (url, role)")
+            role = item.get("role", "both")
+            item = item.get("url")
+        if not isinstance(item, str) or not item:
+            raise InventoryConfigError(f"model {model!r}: endpoints[{i}]: url must be a non-empty string")
+        if role not in ENDPOINT_ROLES:
+            raise InventoryConfigError(f"model {model!r}: endpoints[{i}]: role must be one of "
+                                       f"{', '.join(ENDPOINT_ROLES)}, not {role!r}")
+        try:
+            out.append(Endpoint.parse(item, role))
+        except ValueError as exc:
+            raise InventoryConfigError(f"model {model!r}: {exc}") from None
+    return tuple(out)
+
+
 def parse_model(entry: Mapping[str, Any]) -> ModelView:
     if not isinstance(entry, Mapping):
         raise InventoryConfigError("each entry of 'models' must be a mapping")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise InventoryConfigError("every model needs a non-empty 'name'")
-    urls = _str_list(name, "endpoints", entry.get("endpoints", entry.get("endpoint")))
-    if not urls:
+    endpoints = _endpoints(name, entry.get("endpoints", entry.get("endpoint")))
+    if not endpoints:
         raise InventoryConfigError(f"model {name!r}: at least one endpoint is required")
-    try:
-        endpoints = tuple(Endpoint.parse(u) for u in urls)
-    except ValueError as exc:
-        raise InventoryConfigError(f"model {name!r}: {exc}") from None
+    roles = {e.role for e in endpoints}
+    if "both" not in roles and len(roles) == 1:  # prefill only or decode only
+        raise InventoryConfigError(f"model {name!r}: endpoints: a disaggregated model needs at least one "
+                                   "prefill (or both) and one decode (or both) endpoint")
     routing = entry.get("routing", "default")
     if routing not in ROUTING_STRATEGIES:
         raise InventoryConfigError(f"model {name!r}: routing must be one of {', '.join(ROUTING_STRATEGIES)}")
