@@ -14,7 +14,8 @@ engine, at, sorted adapters, error]`` list or ``null`` (``last`` is ``0`` when i
 reader's age of a state is the writer's.
 
 Writing is a seqlock: the sequence is made odd, the payload and its length and CRC are written,
-the sequence is made even (one higher). One writer per machine (worker 0); a writer that died
+the sequence is made even (one higher). A reader decodes the JSON once per change and builds a key's
+``EngineState`` the first time it is asked for it. One writer per machine (worker 0); a writer that died
 mid-write leaves the sequence odd, and its successor (the restarted worker 0) goes on from there.
 
 Reading. ``state(key)`` reads the 8-byte sequence (one ``unpack_from``); when it is what the
@@ -30,7 +31,8 @@ states go unknown in every worker 2 s after its last scrape, until its successor
 Too big for the region: the writer publishes the endpoints that fit (in key order) and counts the
 others in ``dropped`` (logged once per change of the figure): those read as unknown in the other
 workers, which a scheduler must handle anyway, rather than everything going stale at once. The
-default region (1 MiB) holds about 5,000 endpoints (~200 bytes each, adapters' names extra).
+default region (1 MiB) holds about 12,000 endpoints (~80 bytes each with two adapters; longer
+adapter names cost their length).
 
 Publishing is coalesced: a finished scrape schedules one write ``coalesce`` seconds later (20 ms),
 so a round of scrapes that finish together is one write and one decode per reader.
@@ -82,13 +84,15 @@ def encode_entry(key: str, good: EngineState | None, last: EngineState | None) -
     return orjson.dumps(key) + b":" + orjson.dumps([_fields(good), 0 if last is good else _fields(last)])
 
 
+def _pair(raw: Any) -> _Pair:
+    g, last = raw
+    good = _state(g)
+    return good, good if last == 0 else _state(last)
+
+
 def decode(payload: bytes) -> dict[str, _Pair]:
     """The payload -> ``{key: (last good, latest attempt)}``."""
-    out: dict[str, _Pair] = {}
-    for key, (g, last) in orjson.loads(payload).items():
-        good = _state(g)
-        out[key] = (good, good if last == 0 else _state(last))
-    return out
+    return {key: _pair(raw) for key, raw in orjson.loads(payload).items()}
 
 
 class EnginePublisher:
@@ -127,6 +131,12 @@ class EnginePublisher:
         """Write ``states`` (default: the snapshot) now; returns the payload's length."""
         states = self._snapshot() if states is None else states
         cap = self.capacity
+        payload = orjson.dumps({key: [_fields(g), 0 if last is g else _fields(last)]
+                                for key, (g, last) in sorted(states.items())})
+        if len(payload) <= cap:  # the usual case: one encode
+            self.dropped = 0
+            self.write(payload)
+            return len(payload)
         parts: list[bytes] = []
         size = 2  # the braces
         dropped = 0
@@ -174,7 +184,8 @@ class EngineStateReader:
         self.max_age = max_age
         self._clock = clock
         self._seq = 0  # the sequence of what _states holds (0: nothing written yet)
-        self._states: dict[str, _Pair] = {}
+        self._raw: dict[str, Any] = {}  # the decoded payload: key -> [good, last] lists
+        self._states: dict[str, _Pair] = {}  # the EngineStates built from _raw, on first use per key
         self.torn = 0  # copies that changed under the reader (retried)
         self.decodes = 0
 
@@ -191,31 +202,44 @@ class EngineStateReader:
             (again,) = _SEQ.unpack_from(region, 0)
             if again == seq and length <= len(region) - HEADER and zlib.crc32(payload) == crc:
                 try:
-                    states = decode(payload)
-                except (orjson.JSONDecodeError, TypeError, ValueError):  # cannot happen past the CRC
+                    raw = orjson.loads(payload)
+                    if not isinstance(raw, dict):
+                        raise TypeError("not an object")
+                except (orjson.JSONDecodeError, TypeError):  # cannot happen past the CRC
                     log.error("engine region holds an undecodable payload (sequence %d)", seq)
                     self._seq = seq
                     return
-                self._states, self._seq = states, seq
+                self._raw, self._states, self._seq = raw, {}, seq
                 self.decodes += 1
                 return
             self.torn += 1
             seq = again
 
-    def state(self, key: str) -> EngineState | None:
-        """Worker 0's last good scrape of ``key`` while fresh (``max_age``), else None: unknown."""
+    def _get(self, key: str) -> _Pair | None:
         self._refresh()
         pair = self._states.get(key)
+        if pair is None:
+            raw = self._raw.get(key)
+            if raw is None:
+                return None
+            try:
+                pair = self._states[key] = _pair(raw)
+            except (TypeError, ValueError):  # cannot happen for what EnginePublisher wrote
+                return None
+        return pair
+
+    def state(self, key: str) -> EngineState | None:
+        """Worker 0's last good scrape of ``key`` while fresh (``max_age``), else None: unknown."""
+        pair = self._get(key)
         st = pair[0] if pair is not None else None
         return st if fresh(st, self._clock(), self.max_age) else None
 
     def last(self, key: str) -> EngineState | None:
         """Worker 0's latest scrape attempt of ``key``, failed or not, however old."""
-        self._refresh()
-        pair = self._states.get(key)
+        pair = self._get(key)
         return pair[1] if pair is not None else None
 
     @property
     def endpoints(self) -> list[str]:
         self._refresh()
-        return list(self._states)
+        return list(self._raw)

@@ -36,7 +36,7 @@ COUNT_SLOTS = 4096
 #: Prefix-cache hint sets of 8 entries (64 bytes) each: 2 MiB, 262,144 block hashes.
 PREFIX_SETS = 1 << 15
 #: Bytes of the engine-metrics region (worker 0's scrapes, :mod:`flexinfer.proxy.enginepub`): about
-#: 5,000 endpoints' states. Pages never touched cost no memory.
+#: 12,000 endpoints' states. Pages never touched cost no memory.
 ENGINE_BYTES = 1 << 20
 
 
