@@ -372,6 +372,76 @@ def test_two_workers_scrape_each_engine_once_per_interval_and_both_route_on_it(t
         stack.close()
 
 
+async def _conn_to(port: int, worker: psutil.Process, tries: int = 64) -> _KeepAlive:
+    """A keep-alive connection that ``worker`` accepted (fresh connections until one lands there)."""
+    for _ in range(tries):
+        c = await _KeepAlive.open(port)
+        await c.route()  # answered: accepted for sure
+        if _held([worker], port, c.local_port):
+            return c
+        await c.close()
+    raise AssertionError(f"no connection reached pid {worker.pid}")
+
+
+def _held(workers: list[psutil.Process], proxy_port: int, client_port: int) -> bool:
+    try:
+        _owner(workers, proxy_port, client_port)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_worker_0_killed_its_successor_scrapes_and_publishes_for_the_others(tmp_path: Path) -> None:
+    """SIGKILL worker 0 (the scraper): the supervisor restarts it, the new one scrapes and publishes,
+    and worker 1's routing follows the engines' pages changed after the restart."""
+    stack = Stack()
+    try:
+        a, b = stack.add_stub(), stack.add_stub()
+        a.metrics_text = PAGE.format(waiting=20, running=4)
+        b.metrics_text = PAGE.format(waiting=0, running=1)
+        keys = {f"127.0.0.1:{s.port}": s for s in (a, b)}
+        inv = tmp_path / "inv.yaml"
+        inv.write_text(f"models:\n  - name: m\n    routing: scored\n"
+                       f"    endpoints: [http://127.0.0.1:{a.port}, http://127.0.0.1:{b.port}]\n")
+        with proxy(inv, workers=2, **SETTINGS) as port:
+            parent = next(p for p in psutil.Process().children() if p.children())
+            first, second = sorted(parent.children(), key=lambda p: p.pid)  # forked in slot order
+
+            async def wait_hits(n: int) -> None:
+                start, deadline = b.metrics_hits, time.monotonic() + 20
+                while b.metrics_hits < start + n:
+                    assert time.monotonic() < deadline, "no scrapes"
+                    await asyncio.sleep(0.05)
+
+            async def scenario() -> tuple[list[str], list[str]]:
+                await wait_hits(2)
+                c = await _conn_to(port, second)
+                try:
+                    before = [await c.route() for _ in range(5)]
+                finally:
+                    await c.close()
+                first.kill()
+                first.wait(10)
+                deadline = time.monotonic() + 20
+                while len(parent.children()) < 2:  # the slot restarted
+                    assert time.monotonic() < deadline, "worker 0 was not restarted"
+                    await asyncio.sleep(0.05)
+                a.metrics_text = PAGE.format(waiting=0, running=0)
+                b.metrics_text = PAGE.format(waiting=30, running=4)
+                await wait_hits(3)  # the new worker 0 read the flipped pages (and published them)
+                c = await _conn_to(port, second)
+                try:
+                    return before, [await c.route() for _ in range(10)]
+                finally:
+                    await c.close()
+
+            before, after = asyncio.run(scenario())
+        assert all(keys[k] is b for k in before), before
+        assert all(keys[k] is a for k in after), after
+    finally:
+        stack.close()
+
+
 @pytest.mark.parametrize("size", [0, HEADER])
 def test_a_region_without_room_is_refused(size: int) -> None:
     region = memoryview(bytearray(size))
