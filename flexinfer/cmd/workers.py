@@ -8,7 +8,9 @@ at exit. Decisions:
 
 - ``--workers 1`` without Redis shares nothing: local buckets and counts, exactly as before.
 - ``--workers N``: rate limits and in-flight counts in shared memory (:mod:`flexinfer.proxy.machine`),
-  prefix-cache hints in a shared table, ``/metrics`` merged over the workers.
+  prefix-cache hints in a shared table, ``/metrics`` merged over the workers, and one engine
+  scraper per machine: worker 0 scrapes and publishes in the machine's engine region, the other
+  workers read it (:mod:`flexinfer.proxy.enginepub`).
 - ``PROXY_REDIS_URL``: other machines' in-flight counts and the limits' buckets through Redis
   (:mod:`flexinfer.proxy.redisshare`), this machine's shared memory as the fallback.
 
@@ -40,6 +42,7 @@ from flexinfer.settings import ProxySettings
 if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
     from flexinfer.proxy.ejection import HealthChecker
+    from flexinfer.proxy.enginepub import EnginePublisher, EngineStateReader
     from flexinfer.proxy.redisshare import RedisShare
     from flexinfer.proxy.scrape import EngineScraper
 
@@ -60,7 +63,11 @@ class SharedParts:
         self.redis: RedisShare | None = None
         self.metrics: ProxyMetrics | None = None
         self._publisher: asyncio.Task[None] | None = None
-        self.scraper: EngineScraper | None = None
+        self.scraper: EngineScraper | None = None  # worker 0's (or the only process's)
+        self.engine_pub: EnginePublisher | None = None  # worker 0's, with --workers N
+        #: what the router reads engine states from (``state``, ``last``): the scraper, or with
+        #: --workers N in workers 1..N-1 the reader of worker 0's publication
+        self.engines: EngineScraper | EngineStateReader | None = None
         self.health: HealthChecker | None = None
 
     # -- in the worker ------------------------------------------------------------------------
@@ -92,11 +99,23 @@ class SharedParts:
         inventory.subscribe(follow)
 
     def _scrape_engines(self, inventory: Inventory, router: Router) -> None:
-        """The engine metrics of the ``scored`` models' endpoints, for the router (one scraper per
-        worker process; it starts with the worker and follows the inventory's changes)."""
+        """The engine metrics of the ``scored`` models' endpoints, for the router: one scraper per
+        machine (it starts with the worker and follows the inventory's changes). With ``--workers N``
+        worker 0 scrapes and publishes its states in the machine's engine region; the others read
+        them there (every worker sees the same inventory, so worker 0's endpoint set is theirs)."""
+        from flexinfer.proxy.enginepub import EnginePublisher, EngineStateReader
         from flexinfer.proxy.scrape import EngineScraper
 
         s = self.settings
+        slot = current_worker()
+        shared = self.machine is not None and self.workers > 1
+        if shared and slot is not None and slot.index != 0:
+            assert self.machine is not None
+            reader = self.engines = EngineStateReader(self.machine.engine_region(),
+                                                      max_age=s.engine_metrics_max_age)
+            router.engine_state = reader.state
+            router.engine_last = reader.last
+            return
         scraper = self.scraper = EngineScraper(interval=s.engine_scrape_interval, timeout=s.engine_scrape_timeout,
                                                max_age=s.engine_metrics_max_age)
 
@@ -108,6 +127,11 @@ class SharedParts:
         inventory.subscribe(follow)
         router.engine_state = scraper.state
         router.engine_last = scraper.last
+        self.engines = scraper
+        if shared:
+            assert self.machine is not None
+            pub = self.engine_pub = EnginePublisher(self.machine.engine_region(), scraper.snapshot)
+            scraper.on_change = pub.changed
 
     def _handler(self, inventory: Inventory, *, scaler: Scaler | None = None, **kw: Any) -> ProxyHandler:
         settings = self.settings
@@ -162,6 +186,8 @@ class SharedParts:
             await self.scraper.stop()
         if self.health is not None:
             await self.health.stop()
+        if self.engine_pub is not None:
+            self.engine_pub.close()
 
     async def _publish(self) -> None:
         assert self.metrics is not None

@@ -1,10 +1,11 @@
 """The state the worker processes of one machine share: rate-limit buckets, in-flight counts, prefix hints.
 
 Owns: laying the shared-memory primitives of :mod:`flexinfer._speedups` (``SharedBuckets``,
-``SharedCounts``, ``SharedPrefixes``) out in one anonymous ``MAP_SHARED`` mapping that the parent of
-``flexinfer proxy --workers N`` creates before it forks (children inherit it), binding a worker's
-view of it (its row of in-flight counters), and zeroing a dead worker's row (the parent calls
-:meth:`MachineState.reset_worker` before it restarts the slot). Also the router-facing adapters:
+``SharedCounts``, ``SharedPrefixes``) and the engine-metrics region out in one anonymous
+``MAP_SHARED`` mapping that the parent of ``flexinfer proxy --workers N`` creates before it forks
+(children inherit it), binding a worker's view of it (its row of in-flight counters), and zeroing a
+dead worker's row (the parent calls :meth:`MachineState.reset_worker` before it restarts the slot).
+Also the router-facing adapters:
 :class:`SharedLoad` (in-flight counts of the machine, plus other machines' counts from Redis when
 sharing is on) and :class:`SharedPrefixStore` (the prefix-cache store every worker reads and writes).
 
@@ -25,8 +26,8 @@ from typing import Any
 
 from flexinfer._speedups import SharedBuckets, SharedCounts, SharedPrefixes
 
-__all__ = ["BUCKET_SLOTS", "COUNT_SLOTS", "PREFIX_SETS", "MachineState", "SharedLoad", "SharedPrefixStore",
-           "WorkerState"]
+__all__ = ["BUCKET_SLOTS", "COUNT_SLOTS", "ENGINE_BYTES", "PREFIX_SETS", "MachineState", "SharedLoad",
+           "SharedPrefixStore", "WorkerState"]
 
 #: Rate-limit buckets (the global one and one per model): far more than the models of any inventory.
 BUCKET_SLOTS = 4096
@@ -34,6 +35,9 @@ BUCKET_SLOTS = 4096
 COUNT_SLOTS = 4096
 #: Prefix-cache hint sets of 8 entries (64 bytes) each: 2 MiB, 262,144 block hashes.
 PREFIX_SETS = 1 << 15
+#: Bytes of the engine-metrics region (worker 0's scrapes, :mod:`flexinfer.proxy.enginepub`): about
+#: 12,000 endpoints' states. Pages never touched cost no memory.
+ENGINE_BYTES = 1 << 20
 
 
 def _align(n: int) -> int:
@@ -57,7 +61,7 @@ class MachineState:
     """The shared mapping of one machine; create it in the parent, :meth:`bind` it in each child."""
 
     def __init__(self, workers: int, *, bucket_slots: int = BUCKET_SLOTS, count_slots: int = COUNT_SLOTS,
-                 prefix_sets: int = PREFIX_SETS) -> None:
+                 prefix_sets: int = PREFIX_SETS, engine_bytes: int = ENGINE_BYTES) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = workers
@@ -65,7 +69,7 @@ class MachineState:
         self.count_slots = count_slots
         self.prefix_sets = prefix_sets
         sizes = (SharedBuckets.size(bucket_slots), SharedCounts.size(count_slots, workers),
-                 SharedPrefixes.size(prefix_sets))
+                 SharedPrefixes.size(prefix_sets), engine_bytes)
         offsets = []
         at = 0
         for s in sizes:
@@ -94,6 +98,11 @@ class MachineState:
     def reader(self) -> SharedCounts:
         """In-flight counts for a process that only reads (sums over every worker's row)."""
         return SharedCounts(self._region(1), self.count_slots, self.workers, 0, self.lock)
+
+    def engine_region(self) -> memoryview:
+        """The engine-metrics region: worker 0 publishes its scrapes there, the others read them
+        (:mod:`flexinfer.proxy.enginepub` owns the layout)."""
+        return self._region(3)
 
     def reset_worker(self, index: int) -> None:
         """Zero worker ``index``'s in-flight row: its requests died with it (the parent calls this)."""

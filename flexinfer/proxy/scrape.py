@@ -181,6 +181,9 @@ class EngineScraper:
         self.endpoint_errors: dict[str, dict[str, int]] = {}
         self.scrapes: dict[str, int] = {}  # finished scrapes (good or failed) per endpoint
         self.skipped: dict[str, int] = {}  # ticks that found the endpoint's previous scrape in flight
+        #: called (no arguments, on the loop) after each recorded scrape and after endpoints were
+        #: dropped: the hook of :class:`flexinfer.proxy.enginepub.EnginePublisher`
+        self.on_change: Callable[[], None] | None = None
 
     # ---- endpoints ---------------------------------------------------------------------------------
     def set_endpoints(self, keys: Iterable[str]) -> None:
@@ -196,7 +199,10 @@ class EngineScraper:
                     task.cancel()
                 for d in (self._good, self._last, self.endpoint_errors, self.scrapes, self.skipped):
                     d.pop(k, None)
+        dropped = any(k not in new for k in self._targets)
         self._targets = new
+        if dropped and self.on_change is not None:
+            self.on_change()
 
     @property
     def endpoints(self) -> list[str]:
@@ -211,6 +217,10 @@ class EngineScraper:
     def last(self, key: str) -> EngineState | None:
         """The latest scrape attempt of ``key``, failed or not, however old."""
         return self._last.get(key)
+
+    def snapshot(self) -> dict[str, tuple[EngineState | None, EngineState | None]]:
+        """Every endpoint's (last good, latest attempt) scrape, however old (for publishing)."""
+        return {k: (self._good.get(k), self._last.get(k)) for k in self._targets if k in self._last}
 
     def in_flight(self, key: str) -> bool:
         return key in self._inflight
@@ -297,4 +307,6 @@ class EngineScraper:
                 self._good[key] = st
             else:
                 self._count(key, st.error)
+            if self.on_change is not None:
+                self.on_change()
         return st
