@@ -39,7 +39,7 @@ from flexinfer.runtime.base import Endpoint, ModelView
 N = 16
 KEYS = [f"10.0.{i // 200}.{i % 200 + 1}:8000" for i in range(N)]
 SYSTEM = "You are a helpful assistant. Answer briefly and cite sources. " * 200
-HASHES = chained_block_hashes(SYSTEM, 64, 128)
+HASHES = chained_block_hashes(SYSTEM, 64, 128, packed=True)  # as the router makes them
 FOUR = "least-request,least-latency,kv-cache,prefix-cache;filters=least-request"
 
 

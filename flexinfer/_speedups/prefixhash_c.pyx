@@ -9,6 +9,7 @@ other ``str`` input is encoded to UTF-8 here, only as far as the bytes that coun
 stack buffer for the default 8 KiB), with the reference's ``surrogatepass`` result.
 """
 
+from cpython cimport array
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.list cimport PyList_New, PyList_SET_ITEM
@@ -262,12 +263,27 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object o)
 
 
-cdef list _chain(const uint8_t* p, Py_ssize_t end, Py_ssize_t block_size):
+cdef array.array _Q = array.array("Q")
+
+
+cdef object _chain(const uint8_t* p, Py_ssize_t end, Py_ssize_t block_size, bint packed):
     cdef Py_ssize_t count = end // block_size + (1 if end % block_size else 0)
-    cdef list out = PyList_New(count)
     cdef Py_ssize_t i, start, size
     cdef uint64_t seed = 0
     cdef object value
+    cdef list out
+    cdef array.array arr
+    cdef unsigned long long* slots
+    if packed:  # the hashes as machine words: no Python int per block
+        arr = array.clone(_Q, count, zero=False)
+        slots = arr.data.as_ulonglongs
+        for i in range(count):
+            start = i * block_size
+            size = end - start if end - start < block_size else block_size
+            seed = fi_xxh3_64(p + start, <size_t>size, seed)
+            slots[i] = seed
+        return arr
+    out = PyList_New(count)
     for i in range(count):
         start = i * block_size
         size = end - start if end - start < block_size else block_size
@@ -278,8 +294,9 @@ cdef list _chain(const uint8_t* p, Py_ssize_t end, Py_ssize_t block_size):
     return out
 
 
-def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT_MAX_BLOCKS) -> list:
-    """Chained XXH3-64 hashes of ``data``'s first ``max_blocks`` blocks (see ``prefixhash_py``)."""
+def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT_MAX_BLOCKS, *, bint packed=False):
+    """Chained XXH3-64 hashes of ``data``'s first ``max_blocks`` blocks (see ``prefixhash_py``);
+    ``packed``: as an ``array('Q')`` instead of a list."""
     cdef Py_ssize_t bs, mb, limit, end
     cdef Py_buffer view
     cdef Py_ssize_t chars
@@ -301,12 +318,12 @@ def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT
             end = PyUnicode_GET_LENGTH(data)
             if end > limit:
                 end = limit
-            return _chain(<const uint8_t*>PyUnicode_DATA(data), end, bs)
+            return _chain(<const uint8_t*>PyUnicode_DATA(data), end, bs, packed)
         kind = PyUnicode_KIND(data)
         if kind != 1 and kind != 2 and kind != 4:  # a legacy (not ready) string: let Python encode
             raw = (<str>data)[:limit].encode("utf-8", "surrogatepass")
             end = PyBytes_GET_SIZE(raw)
-            return _chain(<const uint8_t*>PyBytes_AS_STRING(raw), end if end < limit else limit, bs)
+            return _chain(<const uint8_t*>PyBytes_AS_STRING(raw), end if end < limit else limit, bs, packed)
         # encode only the bytes that count, straight from the string's code points
         chars = PyUnicode_GET_LENGTH(data)
         if chars > limit:
@@ -320,18 +337,18 @@ def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT
         try:
             end = <Py_ssize_t>fi_utf8_prefix(kind, PyUnicode_DATA(data), <size_t>chars,
                                              buf, <size_t>limit)
-            return _chain(buf, end if end < limit else limit, bs)
+            return _chain(buf, end if end < limit else limit, bs, packed)
         finally:
             if buf != &stack[0]:
                 free(buf)
     if isinstance(data, bytes):
         end = PyBytes_GET_SIZE(data)
-        return _chain(<const uint8_t*>PyBytes_AS_STRING(data), end if end < limit else limit, bs)
+        return _chain(<const uint8_t*>PyBytes_AS_STRING(data), end if end < limit else limit, bs, packed)
     mv = memoryview(data).cast("B")
     PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE)
     try:
         end = view.len if view.len < limit else limit
-        return _chain(<const uint8_t*>view.buf, end, bs)
+        return _chain(<const uint8_t*>view.buf, end, bs, packed)
     finally:
         PyBuffer_Release(&view)
 

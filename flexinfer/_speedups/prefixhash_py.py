@@ -24,7 +24,9 @@ Spec
 
 from __future__ import annotations
 
+from array import array
 from operator import index
+from typing import Literal, overload
 
 from xxhash import xxh3_64_intdigest
 
@@ -34,12 +36,21 @@ DEFAULT_BLOCK_SIZE = 64
 DEFAULT_MAX_BLOCKS = 128
 
 
+@overload
+def chained_block_hashes(data: str | bytes, block_size: int = ..., max_blocks: int = ...,
+                         *, packed: Literal[False] = ...) -> list[int]: ...
+@overload
+def chained_block_hashes(data: str | bytes, block_size: int = ..., max_blocks: int = ...,
+                         *, packed: Literal[True]) -> array[int]: ...
 def chained_block_hashes(
     data: str | bytes,
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
-) -> list[int]:
-    """Chained XXH3-64 hashes of ``data``'s first ``max_blocks`` blocks (see module doc)."""
+    *,
+    packed: bool = False,
+) -> list[int] | array[int]:
+    """Chained XXH3-64 hashes of ``data``'s first ``max_blocks`` blocks (see module doc);
+    ``packed``: as an ``array('Q')`` (machine words, no Python int per block) instead of a list."""
     block_size = index(block_size)
     max_blocks = index(max_blocks)
     if block_size < 1:
@@ -57,4 +68,4 @@ def chained_block_hashes(
     for start in range(0, end, block_size):
         seed = xxh3_64_intdigest(view[start : min(start + block_size, end)], seed)
         out.append(seed)
-    return out
+    return array("Q", out) if packed else out

@@ -1,95 +1,168 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The ``scored`` scheduler's per-candidate loops, compiled (twin of ``schedkern_py``: same results).
 
-Owns and Must not: as ``schedkern_py``.
+Owns and Must not: as ``schedkern_py``. Inputs are read as lists (other sequences are copied into
+one first); intermediate values live in C arrays, and only the answer is boxed.
 """
+
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from libc.stdlib cimport free, malloc
 
 __all__ = ["keep_below", "kv_free", "least_latency", "least_request"]
 
 cdef double EXCESS_FACTOR = 100.0
 cdef double INF = float("inf")
 
+cdef extern from "Python.h":
+    PyObject* PyList_GET_ITEM(object o, Py_ssize_t i)
+    double PyFloat_AsDouble(object o) except? -1.0
+    double PyFloat_AS_DOUBLE(object o)
+    bint PyLong_CheckExact(object o)
+    double PyLong_AsDouble(object o) except? -1.0
+
+
+cdef inline list _as_list(object xs):
+    return xs if type(xs) is list else list(xs)
+
+
+cdef inline object _at(list xs, Py_ssize_t i):
+    return <object>PyList_GET_ITEM(xs, i)
+
+
+cdef inline double _f(object o) except? -1.0:
+    if type(o) is float:
+        return PyFloat_AS_DOUBLE(o)
+    if PyLong_CheckExact(o):
+        return PyLong_AsDouble(o)
+    return PyFloat_AsDouble(o)
+
+
+cdef list _boxed(const double* v, Py_ssize_t n):
+    cdef list out = PyList_New(n)
+    cdef Py_ssize_t i
+    cdef object x
+    for i in range(n):
+        x = v[i]
+        Py_INCREF(x)
+        PyList_SET_ITEM(out, i, x)
+    return out
+
 
 def least_request(in_flight, running):
-    cdef Py_ssize_t n = len(in_flight), i
-    if len(running) != n:
+    cdef list f_ = _as_list(in_flight), r_ = _as_list(running)
+    cdef Py_ssize_t n = len(f_), i
+    if len(r_) != n:
         raise ValueError("in_flight and running differ in length")
-    cdef list bases = [0.0] * n
+    if n == 0:
+        return []
+    cdef double* bases = <double*>malloc(n * sizeof(double))
+    if bases == NULL:
+        raise MemoryError()
     cdef double mx = 0.0, f, r, b, k
     cdef object ro
-    for i in range(n):
-        f = <double>in_flight[i]
-        ro = running[i]
-        if ro is None:
-            b = f * (1.0 + EXCESS_FACTOR)
-        else:
-            r = <double>ro
-            b = f + EXCESS_FACTOR * (f - r) if f > r else f
-        bases[i] = b
-        if b > mx:
-            mx = b
-    if mx <= 0.0:
-        return [100.0] * n
-    k = 100.0 / mx
-    cdef list out = [0.0] * n
-    for i in range(n):
-        out[i] = (mx - <double>bases[i]) * k
-    return out
+    try:
+        for i in range(n):
+            f = _f(_at(f_, i))
+            ro = _at(r_, i)
+            if ro is None:
+                b = f * (1.0 + EXCESS_FACTOR)
+            else:
+                r = _f(ro)
+                b = f + EXCESS_FACTOR * (f - r) if f > r else f
+            bases[i] = b
+            if b > mx:
+                mx = b
+        if mx <= 0.0:
+            return [100.0] * n
+        k = 100.0 / mx
+        for i in range(n):
+            bases[i] = (mx - bases[i]) * k
+        return _boxed(bases, n)
+    finally:
+        free(bases)
 
 
 def least_latency(ttft, tpot):
-    cdef Py_ssize_t n = len(ttft), i
-    if len(tpot) != n:
+    cdef list t_ = _as_list(ttft), p_ = _as_list(tpot)
+    cdef Py_ssize_t n = len(t_), i
+    if len(p_) != n:
         raise ValueError("ttft and tpot differ in length")
+    if n == 0:
+        return []
+    cdef double* tv = <double*>malloc(2 * n * sizeof(double))
+    if tv == NULL:
+        raise MemoryError()
+    cdef double* pv = tv + n
     cdef double tlo = INF, plo = INF, thi = -INF, phi = -INF, t, p, tk, pk, s
     cdef object to, po
-    for i in range(n):
-        to = ttft[i]
-        if to is not None:
-            t = <double>to
-            if t < tlo:
-                tlo = t
-            if t > thi:
-                thi = t
-        po = tpot[i]
-        if po is not None:
-            p = <double>po
-            if p < plo:
-                plo = p
-            if p > phi:
-                phi = p
-    tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
-    pk = 50.0 / (phi - plo) if phi > plo else 0.0
-    cdef list out = [0.0] * n
-    for i in range(n):
-        to = ttft[i]
-        po = tpot[i]
-        s = 0.0 if to is None else 50.0 - (<double>to - tlo) * tk
-        s = s + (0.0 if po is None else 50.0 - (<double>po - plo) * pk)
-        out[i] = s
-    return out
+    try:
+        for i in range(n):  # unknown entries are skipped in both passes (the list says None)
+            to = _at(t_, i)
+            if to is None:
+                tv[i] = -INF
+            else:
+                t = _f(to)
+                tv[i] = t
+                if t < tlo:
+                    tlo = t
+                if t > thi:
+                    thi = t
+            po = _at(p_, i)
+            if po is None:
+                pv[i] = -INF
+            else:
+                p = _f(po)
+                pv[i] = p
+                if p < plo:
+                    plo = p
+                if p > phi:
+                    phi = p
+        tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
+        pk = 50.0 / (phi - plo) if phi > plo else 0.0
+        for i in range(n):
+            to = _at(t_, i)
+            po = _at(p_, i)
+            s = 0.0 if to is None else 50.0 - (tv[i] - tlo) * tk
+            s = s + (0.0 if po is None else 50.0 - (pv[i] - plo) * pk)
+            tv[i] = s
+        return _boxed(tv, n)
+    finally:
+        free(tv)
 
 
 def kv_free(kv):
-    cdef Py_ssize_t n = len(kv), i
-    cdef list out = [0.0] * n
+    cdef list k_ = _as_list(kv)
+    cdef Py_ssize_t n = len(k_), i
+    if n == 0:
+        return []
+    cdef double* v = <double*>malloc(n * sizeof(double))
+    if v == NULL:
+        raise MemoryError()
     cdef double u
     cdef object uo
-    for i in range(n):
-        uo = kv[i]
-        if uo is not None:
-            u = <double>uo
-            out[i] = 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u))
-    return out
+    try:
+        for i in range(n):
+            uo = _at(k_, i)
+            if uo is None:
+                v[i] = 0.0
+            else:
+                u = _f(uo)
+                v[i] = 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u))
+        return _boxed(v, n)
+    finally:
+        free(v)
 
 
 def keep_below(values, double limit):
-    cdef Py_ssize_t n = len(values), i
+    cdef list v_ = _as_list(values)
+    cdef Py_ssize_t n = len(v_), i
     cdef list keep = []
     cdef object v
     for i in range(n):
-        v = values[i]
-        if v is None or <double>v < limit:
+        v = _at(v_, i)
+        if v is None or _f(v) < limit:
             keep.append(i)
     if not keep or len(keep) == n:
         return None

@@ -15,6 +15,8 @@ Must not: import anything from flexinfer, allocate shared memory, sleep, or log.
 """
 
 cimport cython
+from cpython cimport array
+from cpython.object cimport Py_SIZE
 from cpython.buffer cimport PyBUF_FULL_RO, PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError
@@ -22,7 +24,8 @@ from cpython.long cimport PyLong_AsSsize_t
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from libc.math cimport INFINITY
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, int64_t, uint16_t, uint64_t, uintptr_t
+from libc.string cimport memset
 from libc.stdlib cimport free, malloc
 
 import time
@@ -108,6 +111,7 @@ cdef extern from *:
     uint64_t fi_ld(const uint64_t* p) nogil
     int64_t fi_ldi(const int64_t* p) nogil
     uint64_t fi_ld_relaxed(const uint64_t* p) nogil
+    int __builtin_ctzll(unsigned long long x) nogil
     int64_t fi_ldi_relaxed(const int64_t* p) nogil
     void fi_st_relaxed(uint64_t* p, uint64_t v) nogil
     void fi_sti_relaxed(int64_t* p, int64_t v) nogil
@@ -660,6 +664,80 @@ cdef inline uint64_t _block(object h) except? 0:
         raise OverflowError("a block hash must be in [0, 2**64)") from None
 
 
+cdef bint _match_lens_bits(const uint64_t* entries, uint64_t mask, const uint64_t* eps, Py_ssize_t* got,
+                          Py_ssize_t k, object hashes) except -1:
+    """``match_lens`` for at most 64 distinct ids: each block's set is scanned once (8 ways), every
+    way holding this block's tag marks its endpoint's bit, and the ids still matching are one
+    64-bit mask. False (nothing written) when the ids repeat: the caller walks the general way."""
+    cdef uint16_t tab_ep[256]
+    cdef int8_t tab_j[256]
+    cdef Py_ssize_t j, n = 0
+    cdef unsigned int slot
+    cdef uint64_t alive, hit, dead, h, tag, e, ep
+    cdef const uint64_t* ways
+    cdef int i, b
+    memset(tab_ep, 0, sizeof(tab_ep))
+    for j in range(k):  # ep id -> bit j, open addressing on the id's low byte (ids are >= 1)
+        slot = <unsigned int>(eps[j] & 255)
+        while tab_ep[slot] != 0:
+            if tab_ep[slot] == eps[j]:
+                return False  # a repeated id
+            slot = (slot + 1) & 255
+        tab_ep[slot] = <uint16_t>eps[j]
+        tab_j[slot] = <int8_t>j
+    alive = 0xFFFFFFFFFFFFFFFF if k == 64 else ((<uint64_t>1 << k) - 1)
+    cdef const unsigned long long* hv = NULL
+    cdef Py_ssize_t nh = 0, t = 0
+    if _packed(hashes):  # an array('Q'): machine words, read in place
+        hv = (<array.array>hashes).data.as_ulonglongs
+        nh = Py_SIZE(hashes)
+    else:
+        hashes = iter(hashes)
+    while alive:
+        if hv != NULL:
+            if t == nh:
+                break
+            h = hv[t]
+            t += 1
+        else:
+            item = next(hashes, _END)
+            if item is _END:
+                break
+            h = _block(item)
+        tag = h & _TAG
+        ways = entries + (h & mask) * _WAYS
+        hit = 0
+        for i in range(_WAYS):
+            e = fi_ld_relaxed(&ways[i])
+            if (e & _TAG) == tag and e != 0:
+                ep = e & 0xFFFF
+                slot = <unsigned int>(ep & 255)
+                while tab_ep[slot] != 0:
+                    if tab_ep[slot] == ep:
+                        hit |= <uint64_t>1 << tab_j[slot]
+                        break
+                    slot = (slot + 1) & 255
+        dead = alive & ~hit
+        while dead:
+            b = __builtin_ctzll(dead)
+            got[b] = n
+            dead &= dead - 1
+        alive &= hit
+        n += 1
+    while alive:
+        b = __builtin_ctzll(alive)
+        got[b] = n
+        alive &= alive - 1
+    return True
+
+
+cdef object _END = object()
+
+
+cdef inline bint _packed(object hashes):
+    return type(hashes) is array.array and (<array.array>hashes).ob_descr.typecode == b"Q"
+
+
 @cython.final
 cdef class SharedPrefixes:
     """Prompt-block hints by endpoint id in a shared set-associative table (compiled; see shmstate_py)."""
@@ -744,15 +822,96 @@ cdef class SharedPrefixes:
                 hi = mid - 1
         return lo
 
+    def match_lens(self, ep_ids, hashes) -> list:
+        """Per id, the longest ``i`` with all of ``hashes[:i]`` recorded for it (one walk from block 0)."""
+        cdef Py_ssize_t k, j, w, alive, still, n = 0
+        cdef uint64_t h, tag, want
+        cdef const uint64_t* ways
+        cdef uint64_t set_[_WAYS]
+        cdef uint64_t* eps
+        cdef Py_ssize_t* idx
+        cdef Py_ssize_t* got
+        cdef int i
+        cdef bint hit
+        self._check()
+        ids = list(ep_ids)
+        k = len(ids)
+        if k == 0:
+            return []
+        eps = <uint64_t*>malloc(k * sizeof(uint64_t))
+        idx = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+        got = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+        if eps == NULL or idx == NULL or got == NULL:
+            free(eps)
+            free(idx)
+            free(got)
+            raise MemoryError()
+        try:
+            for j in range(k):
+                eps[j] = _ep(ids[j])
+                idx[j] = j
+                got[j] = 0
+            if k <= 64:
+                if _match_lens_bits(self._e, self._mask, eps, got, k, hashes):
+                    return [got[j] for j in range(k)]
+            alive = k
+            for item in hashes:
+                if alive == 0:
+                    break
+                h = _block(item)
+                tag = h & _TAG
+                ways = self._e + (h & self._mask) * _WAYS
+                for i in range(_WAYS):
+                    set_[i] = fi_ld_relaxed(&ways[i])
+                still = 0
+                for w in range(alive):
+                    j = idx[w]
+                    want = tag | eps[j]
+                    hit = False
+                    for i in range(_WAYS):
+                        if set_[i] == want:
+                            hit = True
+                            break
+                    if hit:
+                        idx[still] = j
+                        still += 1
+                    else:
+                        got[j] = n
+                alive = still
+                n += 1
+            for w in range(alive):
+                got[idx[w]] = n
+            return [got[j] for j in range(k)]
+        finally:
+            free(eps)
+            free(idx)
+            free(got)
+
     def record(self, ep_id, hashes) -> None:
         """Remember that ``ep_id`` served ``hashes``."""
         cdef uint64_t ep = _ep(ep_id)
         cdef uint64_t h, entry
         cdef uint64_t* ways
         cdef int i, empty
+        cdef const unsigned long long* hv = NULL
+        cdef Py_ssize_t nh = 0, t = 0
         self._check()
-        for item in hashes:
-            h = _block(item)
+        if _packed(hashes):  # an array('Q'): machine words, read in place
+            hv = (<array.array>hashes).data.as_ulonglongs
+            nh = Py_SIZE(hashes)
+        else:
+            hashes = iter(hashes)
+        while True:
+            if hv != NULL:
+                if t == nh:
+                    break
+                h = hv[t]
+                t += 1
+            else:
+                item = next(hashes, _END)
+                if item is _END:
+                    break
+                h = _block(item)
             entry = (h & _TAG) | ep
             ways = self._e + (h & self._mask) * _WAYS
             empty = -1

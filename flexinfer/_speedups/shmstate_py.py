@@ -128,6 +128,12 @@ SharedPrefixes
   the same way lose one hint; an evicted earlier block makes a match shorter or a search
   land on a later recorded block. A hint only steers routing, so any of that is harmless.
   A hash must be an int in ``[0, 2**64)`` (OverflowError otherwise).
+* ``match_lens(ep_ids, hashes)``: for each id, the longest ``i`` such that every one of
+  ``hashes[:i]`` is recorded for it, in one walk from block 0: each block's set is read once for
+  all the ids still matching, and the walk stops when none is (later hashes are not read, nor
+  validated; no ids: ``[]``, no hash read). All ids are validated first. Equal to
+  ``[match_len(e, hashes) for e in ep_ids]`` while no block of the prefix is missing; with a hole
+  (an evicted earlier block) it is the shorter, exact answer (never longer than ``match_len``'s).
 """
 
 from __future__ import annotations
@@ -660,6 +666,34 @@ class SharedPrefixes:
             else:
                 hi = mid - 1
         return lo
+
+    def match_lens(self, ep_ids: Sequence[int], hashes: Sequence[int]) -> list[int]:
+        """Per id, the longest ``i`` with all of ``hashes[:i]`` recorded for it (one walk from block 0)."""
+        eps = [_ep(e) for e in ep_ids]
+        out = [0] * len(eps)
+        alive = list(range(len(eps)))
+        entries = self._entries
+        mask = self._mask
+        n = 0
+        for h in hashes:
+            if not alive:
+                break
+            if not 0 <= h <= _M64:
+                raise OverflowError("a block hash must be in [0, 2**64)")
+            tag = h & _TAG
+            base = (h & mask) * WAYS
+            ways = entries[base : base + WAYS].tolist()
+            still = []
+            for j in alive:
+                if tag | eps[j] in ways:
+                    still.append(j)
+                else:
+                    out[j] = n
+            alive = still
+            n += 1
+        for j in alive:
+            out[j] = n
+        return out
 
     def record(self, ep_id: int, hashes: Sequence[int]) -> None:
         """Remember that ``ep_id`` served ``hashes``."""

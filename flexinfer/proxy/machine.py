@@ -165,11 +165,31 @@ class SharedPrefixStore:
             slot = self._counts.slot_of(ep)
         return None if slot is None else slot + 1
 
-    def match_len(self, ep: str, hashes: list[int]) -> int:
+    def match_len(self, ep: str, hashes: Sequence[int]) -> int:
         ep_id = self._id(ep, False)
         return 0 if ep_id is None or not hashes else self._hints.match_len(ep_id, hashes)
 
-    def record(self, ep: str, hashes: list[int]) -> None:
+    def match_lens(self, eps: list[str], hashes: Sequence[int]) -> list[int]:
+        """``[match_len(e, hashes) for e in eps]`` in one walk over the table (an endpoint with no
+        id, i.e. never recorded on this machine: 0); the table's ``match_lens`` says how a hole
+        (an evicted earlier block) shortens a match."""
+        if not hashes or not eps:
+            return [0] * len(eps)
+        slot_of = self._counts.slot_of
+        ids: list[int] = []
+        where: list[int] = []
+        for i, e in enumerate(eps):
+            slot = slot_of(e)
+            if slot is not None:
+                ids.append(slot + 1)
+                where.append(i)
+        out = [0] * len(eps)
+        if ids:
+            for i, n in zip(where, self._hints.match_lens(ids, hashes), strict=True):
+                out[i] = n
+        return out
+
+    def record(self, ep: str, hashes: Sequence[int]) -> None:
         if hashes:
             ep_id = self._id(ep, True)
             if ep_id is not None:

@@ -31,13 +31,13 @@ import logging
 import math
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-from flexinfer._speedups import HashRing, chained_block_hashes
+from flexinfer._speedups import HashRing, SharedPrefixes, chained_block_hashes
 from flexinfer.proxy.ejection import Ejector
 from flexinfer.proxy.enginemetrics import EngineState
+from flexinfer.proxy.machine import PREFIX_SETS
 from flexinfer.proxy.scheduler import DEFAULT_SPEC, Columns, Decision, Request, Scheduler, parse_config
 from flexinfer.runtime.base import Endpoint, ModelView
 
@@ -47,7 +47,6 @@ SESSION_MESSAGES = 5
 PREFIX_BLOCKS = 128
 PREFIX_BLOCK_SIZE = 64
 PREFIX_TOP = 5
-PREFIX_LRU = 50_000
 BOUNDED_LOAD_EPSILON = 0.25
 
 log = logging.getLogger("flexinfer.proxy")
@@ -144,47 +143,66 @@ def prompt_text(data: dict[str, Any] | None, limit: int = PREFIX_BLOCKS * PREFIX
 
 
 class PrefixStore:
-    """Which endpoint served which prompt-block hashes: an LRU of ``capacity`` hashes per endpoint."""
+    """Which endpoint served which prompt-block hashes, for one process: the same set-associative
+    table the workers of a machine share (:class:`flexinfer._speedups.SharedPrefixes`, compiled),
+    in private memory. One table for every endpoint, bounded (``sets`` x 8 hashes: 262,144 in
+    2 MiB by default), sharded by hash (a block's hash picks its 64-byte set) and replaced within a
+    set round-robin. It is per model through the hashes: the router seeds each prompt's block chain
+    with the model (or LoRA adapter) name, so two models' prompts never match each other's blocks.
+    An endpoint's id is a small integer kept here (reused once the endpoint is forgotten)."""
 
-    def __init__(self, capacity: int = PREFIX_LRU) -> None:
-        self.capacity = capacity
-        self._by_ep: dict[str, OrderedDict[int, None]] = {}
+    def __init__(self, sets: int = PREFIX_SETS) -> None:
+        self._table = SharedPrefixes(bytearray(SharedPrefixes.size(sets)), sets)
+        self._ids: dict[str, int] = {}
+        self._free: list[int] = []
+        self._next = 1
 
-    def match_len(self, ep: str, hashes: list[int]) -> int:
-        """Longest i such that hashes[:i] were served by ``ep`` (binary search: the chain means a
-        later block implies all earlier ones)."""
-        lru = self._by_ep.get(ep)
-        if not lru or not hashes:
-            return 0
-        lo, hi = 0, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in lru:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+    def _id(self, ep: str, claim: bool) -> int | None:
+        i = self._ids.get(ep)
+        if i is None and claim:
+            if self._free:
+                i = self._free.pop()
+            elif self._next <= 0xFFFF:
+                i, self._next = self._next, self._next + 1
+            else:  # 65,535 live endpoints in one process: no hints for more (routing still works)
+                return None
+            self._ids[ep] = i
+        return i
 
-    def record(self, ep: str, hashes: list[int]) -> None:
-        lru = self._by_ep.get(ep)
-        if lru is None:
-            lru = self._by_ep[ep] = OrderedDict()
-        for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-        while len(lru) > self.capacity:
-            lru.popitem(last=False)
+    def match_len(self, ep: str, hashes: Sequence[int]) -> int:
+        """Longest i such that hashes[:i] were all served by ``ep``, walking from block 0 (the chain:
+        block i's hash covers blocks 0..i; a block replaced in the table ends the match there)."""
+        i = self._ids.get(ep)
+        return 0 if i is None or not hashes else self._table.match_lens([i], hashes)[0]
+
+    def match_lens(self, eps: list[str], hashes: Sequence[int]) -> list[int]:
+        """``match_len`` of each of ``eps`` in one walk over the table."""
+        if not hashes:
+            return [0] * len(eps)
+        ids = list(map(self._ids.get, eps))
+        if None not in ids:
+            return self._table.match_lens(cast("list[int]", ids), hashes)
+        known = [(j, i) for j, i in enumerate(ids) if i is not None]  # never recorded here: 0
+        out = [0] * len(eps)
+        if known:
+            for (j, _), n in zip(known, self._table.match_lens([i for _, i in known], hashes), strict=True):
+                out[j] = n
+        return out
+
+    def record(self, ep: str, hashes: Sequence[int]) -> None:
+        if hashes:
+            i = self._id(ep, True)
+            if i is not None:
+                self._table.record(i, hashes)
 
     def forget(self, ep: str) -> None:
-        self._by_ep.pop(ep, None)
+        i = self._ids.pop(ep, None)
+        if i is not None:
+            self._table.forget(i)
+            self._free.append(i)
 
     def endpoints(self) -> list[str]:
-        return list(self._by_ep)
-
-    def size(self, ep: str) -> int:
-        return len(self._by_ep.get(ep, ()))
+        return list(self._ids)
 
 
 class LoadCounter(Protocol):
@@ -206,9 +224,11 @@ class LoadCounter(Protocol):
 class PrefixHints(Protocol):
     """Which endpoint served which prompt blocks (:class:`PrefixStore` or a shared table)."""
 
-    def match_len(self, ep: str, hashes: list[int]) -> int: ...
+    def match_len(self, ep: str, hashes: Sequence[int]) -> int: ...
 
-    def record(self, ep: str, hashes: list[int]) -> None: ...
+    def match_lens(self, eps: list[str], hashes: Sequence[int]) -> list[int]: ...
+
+    def record(self, ep: str, hashes: Sequence[int]) -> None: ...
 
     def forget(self, ep: str) -> None: ...
 
@@ -258,7 +278,7 @@ class _ModelState:
 class Router:
     """Picks an endpoint per request and tracks in-flight counts per endpoint."""
 
-    def __init__(self, prefix_capacity: int = PREFIX_LRU, *, load: LoadCounter | None = None,
+    def __init__(self, prefix_sets: int = PREFIX_SETS, *, load: LoadCounter | None = None,
                  prefixes: PrefixHints | None = None, ejector: Ejector | None = None) -> None:
         #: passive outlier ejection: endpoints that failed in a row are skipped (None: never)
         self.ejector = ejector
@@ -274,7 +294,7 @@ class Router:
         self.scheduler_errors: dict[str, str] = {}
         self._schedulers: dict[tuple[str, str | None], Scheduler] = {}
         self.load: LoadCounter = load if load is not None else cast(LoadCounter, LocalLoad())
-        self.prefixes: PrefixHints = prefixes if prefixes is not None else PrefixStore(prefix_capacity)
+        self.prefixes: PrefixHints = prefixes if prefixes is not None else PrefixStore(prefix_sets)
         self._models: dict[str, _ModelState] = {}
 
     @property
@@ -316,7 +336,7 @@ class Router:
         if len(eps) == 1:
             ep = eps[0]
             if strategy == "prefix-cache":
-                self.prefixes.record(ep.key, self._hashes(data))
+                self.prefixes.record(ep.key, self._hashes(view, data))
             return ep, strategy if strategy != "round-robin" else "default", "single"
         if strategy in ("default", "round-robin"):
             st.rr += 1
@@ -331,7 +351,7 @@ class Router:
         if strategy == "scored":
             return self._scored(view, st, eps, data, req)
         if strategy == "prefix-cache":
-            hashes = self._hashes(data)
+            hashes = self._hashes(view, data)
             ep, source = self._prefix_cache_pick(eps, hashes)
             self.prefixes.record(ep.key, hashes)
             return ep, strategy, source
@@ -406,11 +426,11 @@ class Router:
         if len(eps) != len(keys):  # some are excluded (ejected, or refused on this request's first try)
             left = {e.key for e in eps}
             cols = cols.take([i for i, k in enumerate(keys) if k in left])
-        hashes = self._hashes(data)
+        hashes = self._hashes(view, data) if sched.needs_prefix else []
         adapter = None
         if not view.rewrite_model and data is not None and isinstance(data.get("model"), str):
             adapter = data["model"]  # a LoRA adapter routed to its parent's replicas
-        session, _ = session_key(data, req)
+        session = session_key(data, req)[0] if sched.needs_session else None
         decision = sched.choose(Request(view.name, adapter, session, hashes), cols)
         self.last_decision = self.decisions[view.name] = decision
         ep = st.by_key[decision.key]
@@ -439,13 +459,24 @@ class Router:
         return best
 
     @staticmethod
-    def _hashes(data: dict[str, Any] | None) -> list[int]:
+    def _hashes(view: ModelView, data: dict[str, Any] | None) -> Sequence[int]:
+        """The prompt's chained block hashes, seeded with the model the engine runs it as (the
+        model, or the LoRA adapter a request names on its parent's replicas: their KV caches
+        differ), so one table holds every model's hints and none matches another's."""
         text = prompt_text(data)
-        return chained_block_hashes(text, PREFIX_BLOCK_SIZE, PREFIX_BLOCKS) if text else []
+        if not text:
+            return []
+        seed = view.name
+        if not view.rewrite_model and data is not None:
+            m = data.get("model")
+            if isinstance(m, str):
+                seed = m
+        return chained_block_hashes(seed + "\x00" + text, PREFIX_BLOCK_SIZE, PREFIX_BLOCKS, packed=True)
 
-    def _prefix_cache_pick(self, eps: tuple[Endpoint, ...], hashes: list[int]) -> tuple[Endpoint, str]:
+    def _prefix_cache_pick(self, eps: tuple[Endpoint, ...], hashes: Sequence[int]) -> tuple[Endpoint, str]:
         if hashes:
-            scored = [(self.prefixes.match_len(e.key, hashes), e) for e in eps]
+            lens = self.prefixes.match_lens([e.key for e in eps], hashes)
+            scored = list(zip(lens, eps, strict=True))
             scored = [s for s in scored if s[0] > 0]
             if scored:
                 scored.sort(key=lambda s: -s[0])

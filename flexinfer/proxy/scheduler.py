@@ -154,6 +154,9 @@ class Scheduler:
         self.rng = rng if rng is not None else random.Random()
         self.spec = spec or self._describe()
         self._fns = tuple((s.score, float(w)) for s, w in self.scorers)
+        #: what the caller must compute for a request (each costs: hashing the prompt, a session key)
+        self.needs_prefix = any(isinstance(s, PrefixCache) for s, _ in self.scorers)
+        self.needs_session = any(isinstance(s, SessionAffinity) for s, _ in self.scorers)
 
     def _describe(self) -> str:
         sc = ",".join(f"{s.name}:{w:g}" for s, w in self.scorers)

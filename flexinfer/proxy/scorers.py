@@ -58,7 +58,7 @@ class Request:
     model: str
     adapter: str | None = None
     session: str | None = None
-    prefix_hashes: list[int] = field(default_factory=list)  # chained prompt-block hashes
+    prefix_hashes: Sequence[int] = field(default_factory=list)  # chained prompt-block hashes
 
 
 class Columns:
@@ -122,7 +122,7 @@ class Scorer(Protocol):
 class PrefixHints(Protocol):
     """Which endpoint served which prompt blocks (``routing.PrefixStore`` or a shared table)."""
 
-    def match_len(self, ep: str, hashes: list[int]) -> int: ...
+    def match_len(self, ep: str, hashes: Sequence[int]) -> int: ...
 
 
 #: The router's bounded-load ring lookup for a request's session key, given the candidates left by
@@ -186,7 +186,7 @@ class PrefixCache:
 
     def __init__(self, hints: PrefixHints | None = None) -> None:
         self.hints = hints
-        self._batch: Callable[[list[str], list[int]], list[int]] | None = getattr(hints, "match_lens", None)
+        self._batch: Callable[[list[str], Sequence[int]], list[int]] | None = getattr(hints, "match_lens", None)
 
     def score(self, req: Request, cols: Columns) -> list[float]:
         hashes = req.prefix_hashes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import random
 
 import openai
 
@@ -135,15 +136,33 @@ def test_keys() -> None:
     assert prefix_key(None, H({b"x-flexinfer-cache-key": b"K1"})) == ("k1", "cache-key-header")
 
 
-def test_prefix_store_lru_and_forget() -> None:
-    s = PrefixStore(capacity=10)
-    s.record("a", list(range(8)))
-    assert s.match_len("a", list(range(8))) == 8
-    assert s.match_len("a", [0, 1, 2, 99]) == 3
-    s.record("a", list(range(100, 108)))
-    assert s.size("a") == 10  # oldest evicted
+def test_prefix_store_bounded_shared_by_endpoints_and_forget() -> None:
+    r = random.Random(7)
+    h = [r.getrandbits(64) for _ in range(12)]  # block hashes are 64-bit (the low 16 bits name the endpoint)
+    s = PrefixStore(sets=1)  # one 64-byte set: 8 hashes for every endpoint together
+    s.record("a", h[:8])
+    assert s.match_len("a", h[:8]) == 8
+    assert s.match_len("a", [*h[:3], h[11]]) == 3
+    assert s.match_lens(["a", "b", "a"], h[:8]) == [8, 0, 8]
+    s.record("b", h[8:11])  # the table is full: b's blocks replace some of a's
+    assert s.match_len("b", h[8:11]) == 3
+    assert s.match_len("a", h[:8]) < 8
     s.forget("a")
-    assert s.match_len("a", [100]) == 0
+    assert s.match_len("a", h[:1]) == 0 and s.endpoints() == ["b"]
+    s.record("c", h[7:8])  # the forgotten id is reused, without a's old blocks
+    assert s.match_len("c", h[:1]) == 0 and s.match_len("c", h[7:8]) == 1
+
+
+def test_prefix_hints_are_per_model_through_the_seed() -> None:
+    r = Router()
+    data = {"messages": [{"role": "system", "content": "shared system prompt " * 40}]}
+    a = ModelView("a", endpoints=(Endpoint("10.0.0.1", 1), Endpoint("10.0.0.2", 1)), routing="prefix-cache")
+    b = ModelView("b", endpoints=a.endpoints, routing="prefix-cache")
+    ep, _, source = r.pick(a, data, H())
+    assert source == "prefix-miss"
+    again, _, source = r.pick(a, data, H())
+    assert again == ep and source.startswith("prefix-match-")  # a's prompt, seen on ep
+    assert r.pick(b, data, H())[2] == "prefix-miss"  # the same text for another model is not a hit
 
 
 def test_prefix_store_cleaned_when_endpoint_leaves() -> None:

@@ -162,8 +162,9 @@ def test_tokens_stay_within_bounds_and_waits_are_honest(
         before = b.available(now=t)
         wait = b.take(n, now=t)
         assert 0.0 <= b.tokens <= 3.0
-        if wait == 0.0:
-            assert b.tokens == pytest.approx(before - n)
+        if wait == 0.0:  # admitted (within the bucket's grace of rate x GRACE below n: then emptied, never negative)
+            assert b.tokens == pytest.approx(max(before - n, 0.0))
+            assert before >= n - 2.0 * tokenbucket.GRACE
         else:
             assert b.tokens == before  # nothing taken
             assert wait == pytest.approx((n - before) / 2.0)
