@@ -688,13 +688,14 @@ cdef bint _match_lens_bits(const uint64_t* entries, uint64_t mask, const uint64_
     alive = 0xFFFFFFFFFFFFFFFF if k == 64 else ((<uint64_t>1 << k) - 1)
     cdef const unsigned long long* hv = NULL
     cdef Py_ssize_t nh = 0, t = 0
-    if _packed(hashes):  # an array('Q'): machine words, read in place
+    cdef bint packed = _packed(hashes)
+    if packed:  # an array('Q'): machine words, read in place
         hv = (<array.array>hashes).data.as_ulonglongs
         nh = Py_SIZE(hashes)
     else:
         hashes = iter(hashes)
     while alive:
-        if hv != NULL:
+        if packed:
             if t == nh:
                 break
             h = hv[t]
@@ -895,14 +896,15 @@ cdef class SharedPrefixes:
         cdef int i, empty
         cdef const unsigned long long* hv = NULL
         cdef Py_ssize_t nh = 0, t = 0
+        cdef bint packed = _packed(hashes)
         self._check()
-        if _packed(hashes):  # an array('Q'): machine words, read in place
+        if packed:  # an array('Q'): machine words, read in place
             hv = (<array.array>hashes).data.as_ulonglongs
             nh = Py_SIZE(hashes)
         else:
             hashes = iter(hashes)
         while True:
-            if hv != NULL:
+            if packed:
                 if t == nh:
                     break
                 h = hv[t]

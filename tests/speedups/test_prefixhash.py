@@ -102,3 +102,9 @@ def test_argument_errors(prefixhash: ModuleType) -> None:
         prefixhash.chained_block_hashes(memoryview(b"abcdef")[::2])  # not contiguous
     huge = prefixhash.chained_block_hashes(b"abc", block_size=2**70, max_blocks=2**70)
     assert huge == spec(b"abc", 10, 1)
+
+
+@pytest.mark.parametrize("text", ["", "short", "You are a helpful assistant. " * 300, "naïve 🙂 " * 500])
+def test_packed_is_the_list_as_machine_words(prefixhash: ModuleType, text: str) -> None:
+    packed = prefixhash.chained_block_hashes(text, 64, 128, packed=True)
+    assert packed.typecode == "Q" and list(packed) == prefixhash.chained_block_hashes(text, 64, 128)
