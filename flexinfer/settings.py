@@ -145,6 +145,14 @@ class ProxySettings:
     rate_limit_global_burst: int = _f(200, "PROXY_RATE_LIMIT_GLOBAL_BURST", "Global burst.")
     rate_limit_per_model: float = _f(100.0, "PROXY_RATE_LIMIT_PER_MODEL", "Per-model requests per second.")
     rate_limit_burst: int = _f(50, "PROXY_RATE_LIMIT_BURST", "Per-model burst.")
+    token_limit_model_tpm: float = _f(0.0, "PROXY_TOKEN_LIMIT_MODEL_TPM",
+                                      "Tokens (prompt + completion) per minute per model; 0: off.")
+    token_limit_model_burst: float = _f(0.0, "PROXY_TOKEN_LIMIT_MODEL_BURST", "Per-model token burst; 0: one minute's worth.")
+    token_limit_key_tpm: float = _f(0.0, "PROXY_TOKEN_LIMIT_KEY_TPM",
+                                    "Tokens per minute per API key (needs PROXY_AUTH_ENABLED); 0: off.")
+    token_limit_key_burst: float = _f(0.0, "PROXY_TOKEN_LIMIT_KEY_BURST", "Per-key token burst; 0: one minute's worth.")
+    token_estimate_divisor: float = _f(4.0, "PROXY_TOKEN_ESTIMATE_DIVISOR",
+                                       "Prompt characters per estimated input token.")
     route_header: bool = _f(True, "PROXY_ROUTE_HEADER", "Add X-Flexinfer-Route to responses.")
     max_queue_size: int = _f(100, "PROXY_MAX_QUEUE_SIZE", "Requests held per model while it wakes.")
     queue_timeout: float = _f(60.0, "PROXY_QUEUE_TIMEOUT", "Longest wait for a model to become ready.")
@@ -193,6 +201,11 @@ class ProxySettings:
             raise SettingsError("PROXY_EJECT_BASE must be > 0 and <= PROXY_EJECT_MAX")
         if not 0.0 <= self.eject_max_share <= 1.0:
             raise SettingsError(f"PROXY_EJECT_MAX_SHARE must be within [0, 1], got {self.eject_max_share}")
+        for name in ("token_limit_model_tpm", "token_limit_model_burst", "token_limit_key_tpm", "token_limit_key_burst"):
+            if not 0 <= getattr(self, name) < 1e15:
+                raise SettingsError(f"{name} must be >= 0")
+        if not self.token_estimate_divisor > 0:
+            raise SettingsError("PROXY_TOKEN_ESTIMATE_DIVISOR must be > 0")
         for name in ("rate_limit_global", "rate_limit_per_model"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0")
