@@ -153,6 +153,10 @@ class ProxySettings:
     token_limit_key_burst: float = _f(0.0, "PROXY_TOKEN_LIMIT_KEY_BURST", "Per-key token burst; 0: one minute's worth.")
     token_estimate_divisor: float = _f(4.0, "PROXY_TOKEN_ESTIMATE_DIVISOR",
                                        "Prompt characters per estimated input token.")
+    token_count: str = _f("estimate", "PROXY_TOKEN_COUNT",
+                          "Input tokens for admission: 'estimate' (characters / divisor) or 'tokenizer' "
+                          "(the engine's /tokenize, falling back to the estimate).")
+    token_count_timeout: float = _f(0.2, "PROXY_TOKEN_COUNT_TIMEOUT", "Longest wait on the engine's /tokenize.")
     route_header: bool = _f(True, "PROXY_ROUTE_HEADER", "Add X-Flexinfer-Route to responses.")
     max_queue_size: int = _f(100, "PROXY_MAX_QUEUE_SIZE", "Requests held per model while it wakes.")
     queue_timeout: float = _f(60.0, "PROXY_QUEUE_TIMEOUT", "Longest wait for a model to become ready.")
@@ -206,6 +210,9 @@ class ProxySettings:
                 raise SettingsError(f"{name} must be >= 0")
         if not self.token_estimate_divisor > 0:
             raise SettingsError("PROXY_TOKEN_ESTIMATE_DIVISOR must be > 0")
+        if self.token_count not in ("estimate", "tokenizer") or not 0 < self.token_count_timeout <= 10:
+            raise SettingsError("PROXY_TOKEN_COUNT must be 'estimate' or 'tokenizer', "
+                                "PROXY_TOKEN_COUNT_TIMEOUT in (0, 10] s")
         for name in ("rate_limit_global", "rate_limit_per_model"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0")

@@ -11,6 +11,8 @@ It answers ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``
                             (an invalid status line), ``close`` (FIN without answering),
                             ``status:<code>`` (an OpenAI error with that status)
 - ``x-stub-big: N``         a non-streaming answer of N content bytes
+- ``POST /tokenize``        vLLM's answer ``{"count": N, "tokens": [...]}``, N = the words of ``prompt``
+                            (after :attr:`StubEngine.tokenize_delay` seconds)
 - ``x-stub-usage: P,C``     the ``usage`` to report (prompt, completion tokens) in the chat answer
                             and in the final SSE usage chunk (sent when ``stream_options.include_usage``)
 
@@ -181,6 +183,11 @@ class _Conn(asyncio.Protocol):
         except ValueError:
             data = {}
         model = json.dumps(data.get("model", "stub")).encode()
+        if path == "/tokenize":
+            await asyncio.sleep(self.engine.tokenize_delay)
+            n = len(str(data.get("prompt", "")).split())
+            self._send(200, json.dumps({"count": n, "max_model_len": 4096, "tokens": list(range(n))}).encode())
+            return
         if data.get("stream") is True:
             await self._stream(cap, model, path)
             return
@@ -279,6 +286,7 @@ class StubEngine:
         self.metrics_framing = "length"  # "length" | "chunked" | "close"
         self.metrics_hits = 0
         self.lora_adapters: list[str] = []
+        self.tokenize_delay = 0.0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> StubEngine:
         loop = asyncio.get_running_loop()

@@ -32,6 +32,7 @@ from flexinfer.proxy.limits import Limiter, LocalBuckets
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.routing import Router
+from flexinfer.proxy.tokencount import TokenCounter
 from flexinfer.proxy.tokenlimits import TokenBuckets, TokenCharge, TokenLimiter, key_id
 from flexinfer.runtime.base import Inventory, ModelView, Scaler
 from flexinfer.settings import ProxySettings
@@ -85,6 +86,8 @@ class ProxyHandler:
             assert token_buckets is not None
             token_limiter = TokenLimiter(settings, self.metrics, token_buckets)
         self.token_limiter = token_limiter
+        self.token_counter = TokenCounter(self.pools, settings.token_count_timeout) \
+            if token_limiter is not None and settings.token_count == "tokenizer" else None
         self._key_ids = token_limiter is not None and token_limiter.key is not None
         self.scaler = scaler
         if activator is None and scaler is not None:
@@ -211,7 +214,8 @@ class ProxyHandler:
                 if pending is not None:  # a shared (Redis) lease is on its way
                     await pending
             if self.token_limiter is not None:
-                admitted = self.token_limiter.admit(view.name, ctx.key_id, data, len(req.body))
+                counted = await self.token_counter.count(view, data) if self.token_counter is not None else None
+                admitted = self.token_limiter.admit(view.name, ctx.key_id, data, len(req.body), counted)
                 ctx.tokens = admitted if isinstance(admitted, TokenCharge) else await admitted
             # the model the backend must see: the served name, or for a LoRA adapter (routed to its
             # parent's replicas, rewrite_model False) the adapter name the client routed by

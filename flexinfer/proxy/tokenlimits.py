@@ -191,11 +191,12 @@ class TokenLimiter:
     def enabled(settings: ProxySettings) -> bool:
         return settings.token_limit_model_tpm > 0 or (settings.token_limit_key_tpm > 0 and settings.auth_enabled)
 
-    def admit(self, model: str, key: str | None, data: dict[str, Any] | None, body_len: int
-              ) -> TokenCharge | Awaitable[TokenCharge]:
+    def admit(self, model: str, key: str | None, data: dict[str, Any] | None, body_len: int,
+              counted: float | None = None) -> TokenCharge | Awaitable[TokenCharge]:
         """A :class:`TokenCharge` when admitted (or an awaitable of one: a Redis lease is on its
-        way); raises :class:`RateLimited` when a bucket cannot hold the estimate."""
-        estimate = estimate_tokens(data, body_len, self.divisor)
+        way); raises :class:`RateLimited` when a bucket cannot hold the estimate (``counted``: the
+        engine tokenizer's count, used instead of the estimate)."""
+        estimate = estimate_tokens(data, body_len, self.divisor) if counted is None else counted
         scopes: list[tuple[str, float, float]] = []
         if self.model is not None:
             scopes.append(("tokens:model:" + model, *self.model))

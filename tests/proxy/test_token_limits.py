@@ -312,3 +312,23 @@ def test_proxy_token_buckets_in_redis(stack: Stack, redis_server: RedisServer, c
     finally:
         stack.run(share.stop())
         stack.run(other.stop())
+
+
+# ---- exact counts from the engine's tokenizer --------------------------------------------------------------
+
+@pytest.mark.parametrize(("delay", "expected"), [(0.0, 200 + 5), (1.0, 100 + 5)])
+def test_tokenizer_count_else_the_estimate(stack: Stack, connect: Callable[..., openai.OpenAI],
+                                           delay: float, expected: int) -> None:
+    """400 characters of 200 words: the estimate says 100, the stub's /tokenize 200; a stream without
+    a usage chunk charges the admitted count + 5 events. A /tokenize slower than the timeout: the estimate."""
+    stack.stub.tokenize_delay = delay
+    s = fast_settings(token_limit_model_tpm=60, token_limit_model_burst=1000, token_count="tokenizer",
+                      token_count_timeout=0.3)
+    stack.start_proxy([model("m", stack.stub)], s)
+    client = connect()
+    list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a " * 200}],
+                                        stream=True, extra_headers={"x-stub-chunks": "5"}))  # type: ignore[arg-type]
+    asyncio.run(reach(lambda: available(stack, "tokens:model:m") < 1000 - expected + 3))
+    assert 1000 - expected <= available(stack, "tokens:model:m") < 1000 - expected + 3
+    tok = [r for r in stack.stub.requests if r.path == "/tokenize"]
+    assert len(tok) == 1 and tok[0].body and b'"prompt"' in tok[0].body
