@@ -30,7 +30,6 @@ for longer than ``burst / rate`` past empty), and token counts above 10**9 are c
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Awaitable
@@ -59,10 +58,6 @@ class TokenBuckets(Protocol):
 def key_id(digest: bytes) -> str:
     """The API key's id in bucket keys: 16 hex digits of its SHA-256 digest (never the token)."""
     return digest.hex()[:16]
-
-
-def token_digest(token: bytes) -> bytes:
-    return hashlib.sha256(token).digest()
 
 
 def _text_len(v: Any, depth: int = 0) -> int:

@@ -332,3 +332,38 @@ def test_tokenizer_count_else_the_estimate(stack: Stack, connect: Callable[..., 
     assert 1000 - expected <= available(stack, "tokens:model:m") < 1000 - expected + 3
     tok = [r for r in stack.stub.requests if r.path == "/tokenize"]
     assert len(tok) == 1 and tok[0].body and b'"prompt"' in tok[0].body
+
+
+# ---- the machine's shared memory (--workers N) ----------------------------------------------------------
+
+@pytest.fixture
+def tables() -> Iterator[tuple[Any, Any]]:
+    """Two views of one shared mmap, as two workers have (set up before the stack: closed after it)."""
+    import mmap
+
+    from flexinfer._speedups import SharedBuckets
+
+    m = mmap.mmap(-1, SharedBuckets.size(64))
+    mine, other = SharedBuckets(m, 64), SharedBuckets(m, 64)
+    yield mine, other
+    mine.close()
+    other.close()
+    m.close()
+
+
+def test_machine_buckets_share_the_charge_with_another_worker(tables: tuple[Any, Any], stack: Stack,
+                                                              connect: Callable[..., openai.OpenAI]) -> None:
+    """The proxy's token buckets in a shared mmap (as ``--workers N`` makes them): another worker's
+    view of the same memory is refused after this proxy charged a large usage (forked processes
+    sharing a charge: tests/speedups/test_shmcharge.py)."""
+    from flexinfer.proxy.limits import MachineBuckets
+
+    mine, other = tables
+    stack.start_proxy([model("m", stack.stub)], fast_settings(token_limit_model_tpm=600, token_limit_model_burst=100),
+                      token_buckets=MachineBuckets(mine))
+    client = connect()
+    chat(client)
+    assert MachineBuckets(other).take("tokens:model:m", 10.0, 100.0, 1.0) == 0.0
+    chat(client, usage="5,500")
+    assert refused(client).code == "rate_limit_exceeded"
+    assert 10.0 < MachineBuckets(other).take("tokens:model:m", 10.0, 100.0, 1.0) <= 10.1
