@@ -367,3 +367,13 @@ def test_machine_buckets_share_the_charge_with_another_worker(tables: tuple[Any,
     chat(client, usage="5,500")
     assert refused(client).code == "rate_limit_exceeded"
     assert 10.0 < MachineBuckets(other).take("tokens:model:m", 10.0, 100.0, 1.0) <= 10.1
+
+
+def test_settings_are_checked() -> None:
+    from flexinfer.settings import SettingsError
+
+    for bad in ({"token_limit_model_tpm": -1.0}, {"token_estimate_divisor": 0.0}, {"token_count": "exact"},
+                {"token_count_timeout": 0.0}):
+        with pytest.raises(SettingsError):
+            with_changes(ProxySettings(), **bad).validate()
+    ProxySettings(token_limit_model_tpm=1000, token_count="tokenizer").validate()
