@@ -145,6 +145,18 @@ class ProxySettings:
     rate_limit_global_burst: int = _f(200, "PROXY_RATE_LIMIT_GLOBAL_BURST", "Global burst.")
     rate_limit_per_model: float = _f(100.0, "PROXY_RATE_LIMIT_PER_MODEL", "Per-model requests per second.")
     rate_limit_burst: int = _f(50, "PROXY_RATE_LIMIT_BURST", "Per-model burst.")
+    token_limit_model_tpm: float = _f(0.0, "PROXY_TOKEN_LIMIT_MODEL_TPM",
+                                      "Tokens (prompt + completion) per minute per model; 0: off.")
+    token_limit_model_burst: float = _f(0.0, "PROXY_TOKEN_LIMIT_MODEL_BURST", "Per-model token burst; 0: one minute's worth.")
+    token_limit_key_tpm: float = _f(0.0, "PROXY_TOKEN_LIMIT_KEY_TPM",
+                                    "Tokens per minute per API key (needs PROXY_AUTH_ENABLED); 0: off.")
+    token_limit_key_burst: float = _f(0.0, "PROXY_TOKEN_LIMIT_KEY_BURST", "Per-key token burst; 0: one minute's worth.")
+    token_estimate_divisor: float = _f(4.0, "PROXY_TOKEN_ESTIMATE_DIVISOR",
+                                       "Prompt characters per estimated input token.")
+    token_count: str = _f("estimate", "PROXY_TOKEN_COUNT",
+                          "Input tokens for admission: 'estimate' (characters / divisor) or 'tokenizer' "
+                          "(the engine's /tokenize, falling back to the estimate).")
+    token_count_timeout: float = _f(0.2, "PROXY_TOKEN_COUNT_TIMEOUT", "Longest wait on the engine's /tokenize.")
     route_header: bool = _f(True, "PROXY_ROUTE_HEADER", "Add X-Flexinfer-Route to responses.")
     max_queue_size: int = _f(100, "PROXY_MAX_QUEUE_SIZE", "Requests held per model while it wakes.")
     queue_timeout: float = _f(60.0, "PROXY_QUEUE_TIMEOUT", "Longest wait for a model to become ready.")
@@ -210,6 +222,14 @@ class ProxySettings:
                                 "0 < PROXY_HEALTH_CHECK_TIMEOUT <= PROXY_HEALTH_CHECK_INTERVAL")
         if not self.health_check_path.startswith("/"):
             raise SettingsError(f"PROXY_HEALTH_CHECK_PATH must start with '/', got {self.health_check_path!r}")
+        for name in ("token_limit_model_tpm", "token_limit_model_burst", "token_limit_key_tpm", "token_limit_key_burst"):
+            if not 0 <= getattr(self, name) < 1e15:
+                raise SettingsError(f"{name} must be >= 0")
+        if not self.token_estimate_divisor > 0:
+            raise SettingsError("PROXY_TOKEN_ESTIMATE_DIVISOR must be > 0")
+        if self.token_count not in ("estimate", "tokenizer") or not 0 < self.token_count_timeout <= 10:
+            raise SettingsError("PROXY_TOKEN_COUNT must be 'estimate' or 'tokenizer', "
+                                "PROXY_TOKEN_COUNT_TIMEOUT in (0, 10] s")
         for name in ("rate_limit_global", "rate_limit_per_model"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0")

@@ -11,6 +11,10 @@ It answers ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``
                             (an invalid status line), ``close`` (FIN without answering),
                             ``status:<code>`` (an OpenAI error with that status)
 - ``x-stub-big: N``         a non-streaming answer of N content bytes
+- ``POST /tokenize``        vLLM's answer ``{"count": N, "tokens": [...]}``, N = the words of ``prompt``
+                            (after :attr:`StubEngine.tokenize_delay` seconds)
+- ``x-stub-usage: P,C``     the ``usage`` to report (prompt, completion tokens) in the chat answer
+                            and in the final SSE usage chunk (sent when ``stream_options.include_usage``)
 
 Every request is recorded in :attr:`StubEngine.requests` and every closed connection in
 :attr:`StubEngine.closed_at` (time.monotonic() of the close), so tests can see exactly what reached
@@ -181,6 +185,11 @@ class _Conn(asyncio.Protocol):
         except ValueError:
             data = {}
         model = json.dumps(data.get("model", "stub")).encode()
+        if path == "/tokenize":
+            await asyncio.sleep(self.engine.tokenize_delay)
+            n = len(str(data.get("prompt", "")).split())
+            self._send(200, json.dumps({"count": n, "max_model_len": 4096, "tokens": list(range(n))}).encode())
+            return
         if data.get("stream") is True:
             await self._stream(cap, model, path)
             return
@@ -195,8 +204,8 @@ class _Conn(asyncio.Protocol):
                 content = "x" * big
             body = (b'{"id":"chatcmpl-stub","object":"chat.completion","created":1700000000,"model":%s,'
                     b'"choices":[{"index":0,"message":{"role":"assistant","content":%s},"logprobs":null,'
-                    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}'
-                    % (model, json.dumps(content).encode()))
+                    b'"finish_reason":"stop"}],"usage":%s}'
+                    % (model, json.dumps(content).encode(), _usage(h, 5, 4)))
         self._send(200, body)
 
     async def _metrics(self) -> None:
@@ -235,6 +244,10 @@ class _Conn(asyncio.Protocol):
         events.extend(tmpl % (model, i) for i in range(n))
         if chat:
             events.append(_FINISH % model)
+        opts = json.loads(cap.body).get("stream_options") if cap.body else None
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            events.append(b'{"id":"chatcmpl-stub","object":"chat.completion.chunk","created":1700000000,'
+                          b'"model":%s,"choices":[],"usage":%s}' % (model, _usage(h, 5, n)))
         events.append(b"[DONE]")
         for i, ev in enumerate(events):
             if i == fail_after:
@@ -249,6 +262,13 @@ class _Conn(asyncio.Protocol):
             if self.closed:
                 return
         self._write(b"0\r\n\r\n")
+
+
+def _usage(h: dict[str, str], prompt: int, completion: int) -> bytes:
+    """The usage object: ``x-stub-usage: P,C`` or the defaults."""
+    if "x-stub-usage" in h:
+        prompt, completion = (int(x) for x in h["x-stub-usage"].split(","))
+    return b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (prompt, completion, prompt + completion)
 
 
 class StubEngine:
@@ -270,6 +290,7 @@ class StubEngine:
         self.health_status = 200  # what GET /health answers
         self.health_hits = 0
         self.lora_adapters: list[str] = []
+        self.tokenize_delay = 0.0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> StubEngine:
         loop = asyncio.get_running_loop()

@@ -425,6 +425,46 @@ cdef class SharedBuckets(_Table):
             if fi_casi(p, &tat, new):  # else tat is the value another process stored: retry
                 return _ZERO
 
+    def charge(self, key, double rate, double burst, double n, now_ns=None):
+        """Charge ``n`` (may be negative) to ``key`` without an admission check: the debt wait."""
+        cdef double tol_f, cap_f, c
+        cdef int64_t now, cost, tol, cap, tat, ahead, new
+        cdef int64_t* p
+        _limits(rate, burst)
+        if not -INFINITY < n < INFINITY:
+            raise ValueError("n must be finite")
+        tol_f = burst * 1e9 / rate
+        if not tol_f < _MAX_NS_F:
+            raise ValueError("burst / rate must be under 2**61 ns")
+        now = _now(now_ns)
+        _check_key(key)
+        tol = <int64_t>tol_f
+        cap = 2 * tol
+        cap_f = 2.0 * tol_f
+        c = n * 1e9 / rate
+        if c > cap_f:
+            c = cap_f
+        elif c < -cap_f:
+            c = -cap_f
+        cost = <int64_t>c
+        self._check()
+        p = <int64_t*>&self._w[2 * self._slot(key, now) + 1]
+        tat = fi_ldi(p)
+        while True:
+            ahead = tat - now if tat > now else 0
+            if ahead > cap:
+                ahead = cap
+            new = ahead + cost
+            if new < 0:
+                new = 0
+            elif new > cap:
+                new = cap
+            if new == 0 and tat <= now:
+                break
+            if fi_casi(p, &tat, now + new):  # else tat is the value another process stored: retry
+                break
+        return <double>(new - tol) / 1e9 if new > tol else _ZERO
+
     def available(self, key, double rate, double burst, now_ns=None) -> float:
         """Tokens ``key`` has at ``now_ns`` (``burst`` when unknown); changes nothing."""
         cdef int64_t now, tat, ahead

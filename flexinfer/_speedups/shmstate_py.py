@@ -77,6 +77,16 @@ SharedBuckets (GCRA)
   at ``t0``, then one every ``cost`` ns (exact for an integer ``burst`` and a whole number of
   ns in ``1e9 / rate``; else up to the ns truncation of ``cost`` and ``tol``). Machine-wide,
   since every worker charges the same TAT.
+* ``charge(key, rate, burst, n, now_ns=None)``: a charge after the fact (token limits: the
+  output tokens of a finished response, a correction of an estimate), with no admission check.
+  ``n`` may be negative (a refund); NaN or an infinity is a ValueError. ``tol`` as in ``take``,
+  ``cap = 2 * tol`` (the bucket never owes more than one burst), ``c = n * 1e9 / rate`` clamped to
+  ``[-cap, cap]`` in double, then ``cost = int(c)``. ``ahead = min(max(TAT - now, 0), cap)``,
+  ``new = min(max(ahead + cost, 0), cap)``; TAT = ``now + new`` (in C a CAS, retried), except
+  that nothing is written when ``new == 0`` and ``TAT <= now`` (a refund to a full bucket). The
+  answer is the debt wait ``float(new - tol) / 1e9`` when ``new > tol`` (any ``take`` waits at
+  least that long), else ``0.0``. So a refund never makes a bucket fuller than full and one
+  charge, however large, blocks the key for at most ``burst / rate`` seconds past empty.
 * ``available(key, rate, burst, now_ns=None)``: ``burst - float(ahead) * rate / 1e9`` clamped
   at ``>= 0.0``, where ``ahead = max(TAT - now, 0)``; ``burst`` for an unknown key. Reads only.
 * Validation (ValueError): ``rate`` and ``burst`` finite and ``> 0``, ``n >= 0`` (not NaN),
@@ -421,6 +431,49 @@ class SharedBuckets(_Table):
         finally:
             if lock is not None:
                 lock.release()
+
+    def charge(self, key: str, rate: float, burst: float, n: float, now_ns: int | None = None) -> float:
+        """Charge ``n`` (may be negative) to ``key`` without an admission check: the debt wait."""
+        if type(n) is not float:
+            n = _as_float(n)
+        rate, burst = _limits(rate, burst)
+        if not -_INF < n < _INF:
+            raise ValueError("n must be finite")
+        tol_f = burst * 1e9 / rate
+        if not tol_f < _MAX_NS_F:
+            raise ValueError("burst / rate must be under 2**61 ns")
+        now = _ns(now_ns)
+        if not isinstance(key, str):
+            raise TypeError(f"a key must be a str, not {type(key).__name__}")
+        tol = int(tol_f)
+        cap = 2 * tol
+        cap_f = 2.0 * tol_f
+        c = n * 1e9 / rate
+        if c > cap_f:
+            c = cap_f
+        elif c < -cap_f:
+            c = -cap_f
+        cost = int(c)
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            i = 2 * self._slot(key, now) + 1
+            tat = self._tat[i]
+            ahead = tat - now if tat > now else 0
+            if ahead > cap:
+                ahead = cap
+            new = ahead + cost
+            if new < 0:
+                new = 0
+            elif new > cap:
+                new = cap
+            if new or tat > now:
+                self._tat[i] = now + new
+        finally:
+            if lock is not None:
+                lock.release()
+        return float(new - tol) / 1e9 if new > tol else 0.0
 
     def available(self, key: str, rate: float, burst: float, now_ns: int | None = None) -> float:
         """Tokens ``key`` has at ``now_ns`` (``burst`` when unknown); changes nothing."""

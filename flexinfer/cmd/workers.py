@@ -154,13 +154,13 @@ class SharedParts:
 
             redis = self.redis = RedisShare(settings, metrics.registry, machine_id=self.machine_id,
                                             worker_id=str(index), local_load=ws.counts.own_items,
-                                            fallback=machine_buckets.take)
+                                            fallback=machine_buckets.take, charge_fallback=machine_buckets.charge)
             buckets = redis
         router = Router(load=SharedLoad(ws.counts, redis), prefixes=SharedPrefixStore(ws.prefixes, ws.counts),
                         ejector=ejector_for(settings))
         limiter = Limiter(settings, metrics, buckets=buckets) if settings.rate_limit_enabled else None
         return ProxyHandler(inventory, settings, metrics=metrics, router=router, limiter=limiter,
-                            scaler=scaler, **kw)
+                            token_buckets=buckets, scaler=scaler, **kw)
 
     async def start(self, _server: HTTPServer | None = None) -> None:
         if self.scraper is not None:

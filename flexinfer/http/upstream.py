@@ -8,7 +8,7 @@ tree, and the consumer side of a response body: ``read``, ``read_all`` and
 :meth:`UpstreamResponse.relay`, which hands the body pieces of each upstream read straight to the
 client writer from the connection's ``data_received`` (one writer call per read: ``write`` for a
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
-and pauses the upstream socket while the client is slow.
+and pauses the upstream socket while the client is slow; an optional ``tap`` sees the relayed pieces.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
@@ -182,7 +182,7 @@ class UpstreamResponse:
 
     __slots__ = ("_batch", "_buffered", "_client_gone", "_conn", "_done_arg", "_done_cb", "_eof", "_error",
                  "_high", "_loop", "_pieces", "_relayed", "_sink", "_sink_error", "_waiter", "chunked",
-                 "content_length", "headers", "status")
+                 "content_length", "headers", "status", "tap")
 
     def __init__(self, conn: BodySource, status: int, headers: list[tuple[bytes, bytes]],
                  content_length: int | None, chunked: bool, read_buffer_high: int) -> None:
@@ -205,6 +205,9 @@ class UpstreamResponse:
         self._client_gone = False
         self._done_cb: Callable[[Any], None] | None = None
         self._done_arg: Any = None
+        #: optional observer of the relayed body: called with the pieces of each client write, after
+        #: the write (token limits read ``usage`` this way); None (the default) costs one check per read
+        self.tap: Callable[[list[bytes]], None] | None = None
 
     def __repr__(self) -> str:
         return f"<UpstreamResponse {self.status} cl={self.content_length} chunked={self.chunked}>"
@@ -258,6 +261,8 @@ class UpstreamResponse:
             return
         for piece in batch:
             self._relayed += len(piece)
+        if self.tap is not None:
+            self._feed(batch)
         if not end and sink.flow.write_paused:
             conn = self._conn
             if conn is not None:
@@ -348,6 +353,8 @@ class UpstreamResponse:
         buffered = list(self._pieces)
         self._pieces.clear()
         self._buffered = 0
+        if self.tap is not None and buffered:
+            self._feed(buffered)
         n = 0
         for piece in buffered:
             n += len(piece)
@@ -394,6 +401,14 @@ class UpstreamResponse:
             flow.set_listener(None)
         writer.end()
         return self._relayed
+
+    def _feed(self, pieces: list[bytes]) -> None:
+        """Hand relayed pieces to the tap; a tap that fails is dropped (the relay goes on)."""
+        tap = self.tap
+        try:
+            tap(pieces)  # type: ignore[misc]
+        except Exception:
+            self.tap = None
 
     def _on_client_gone(self) -> None:
         self._client_gone = True

@@ -25,8 +25,9 @@ class BearerAuth:
             raise ValueError("authentication is enabled but no token is configured")
         self._digests = tuple(digests)
 
-    def check(self, values: list[bytes]) -> None:
-        """``values``: every Authorization header of the request. Raises Unauthorized."""
+    def check(self, values: list[bytes]) -> bytes:
+        """``values``: every Authorization header of the request. Raises Unauthorized; returns the
+        token's SHA-256 digest (per-key token limits name the key by it)."""
         if len(values) != 1:
             raise Unauthorized("missing or repeated Authorization header; send 'Authorization: Bearer <key>'",
                                headers=WWW_AUTHENTICATE)
@@ -42,3 +43,4 @@ class BearerAuth:
             ok |= hmac.compare_digest(digest, d)
         if not ok:
             raise Unauthorized("invalid API key", headers=WWW_AUTHENTICATE)
+        return digest

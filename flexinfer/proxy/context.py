@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import Any
 
 ROUTE_FORWARD, ROUTE_CONTROL, ROUTE_ADMIN = 0, 1, 2
 
@@ -16,8 +17,8 @@ ROUTE_FORWARD, ROUTE_CONTROL, ROUTE_ADMIN = 0, 1, 2
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
-    __slots__ = ("authenticated", "explain", "extra_headers", "model_name", "path", "request_id", "route", "source",
-                 "sse_open", "t0")
+    __slots__ = ("authenticated", "explain", "extra_headers", "key_id", "model_name", "path", "request_id", "route",
+                 "source", "sse_open", "t0", "tokens")
 
     def __init__(self, t0: float, request_id: bytes, path: str) -> None:
         self.t0 = t0
@@ -30,6 +31,8 @@ class RequestContext:
         self.sse_open = False  # an SSE response was started while waiting for the model
         self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response head
         self.explain: bytes | None = None  # X-Flexinfer-Explain of the pick, when asked for
+        self.key_id: str | None = None  # the API key's id, set only when per-key token limits are on
+        self.tokens: Any = None  # the request's tokenlimits.TokenCharge, when token limits are on
 
 
 class RequestIds:

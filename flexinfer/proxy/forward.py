@@ -187,6 +187,9 @@ class Forwarder:
             # the replica's load drops when its answer is complete, before the client has the last
             # byte: a client's next request (same session) sees the replica idle, not still busy
             up.when_complete(self.router.release, ep)
+            if ctx.tokens is not None:  # token limits: watch the body for its usage
+                tap = ctx.tokens.tap
+                tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
             try:
                 if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
                     if up.status != 200:

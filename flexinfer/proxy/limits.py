@@ -13,6 +13,11 @@ Where the buckets live (:class:`Buckets`, chosen by the composition root):
 - ``redisshare.RedisShare``: every replica (``PROXY_REDIS_URL``): leases from GCRA buckets in Redis,
   with :class:`MachineBuckets` as the fallback while Redis is away.
 
+Token limits (:mod:`flexinfer.proxy.tokenlimits`) use the same three places, with keys under
+``tokens:`` and one more primitive, ``charge(key, rate, burst, n)``: tokens charged after the
+response (no admission check, negative for a refund), GCRA arithmetic everywhere (one process: a
+private ``SharedBuckets`` table in a ``bytearray``), so a bucket can owe up to one burst.
+
 A decision is synchronous (a float: 0.0 admitted, else seconds to wait) except when a Redis lease
 must be fetched first: then :meth:`Limiter.check` returns an awaitable that the pipeline awaits.
 Must not: do I/O itself, or log per request.
@@ -31,6 +36,10 @@ from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.settings import ProxySettings
 
 __all__ = ["GLOBAL_KEY", "Buckets", "Limiter", "LocalBuckets", "MachineBuckets", "model_key"]
+
+#: Slots of the one-process GCRA table of token limits (models + API keys; idle slots are reclaimed).
+LOCAL_TOKEN_SLOTS = 4096
+TOKEN_PREFIX = "tokens:"
 
 #: The bucket key of the global limit; a model's is :func:`model_key` (the Redis keys use them too).
 GLOBAL_KEY = "global"
@@ -55,11 +64,33 @@ class LocalBuckets:
         self.clock = clock
         self.global_bucket = TokenBucket(settings.rate_limit_global, settings.rate_limit_global_burst, clock)
         self.per_model = BucketRegistry(settings.rate_limit_per_model, settings.rate_limit_burst, clock=clock)
+        self._tokens: SharedBuckets | None = None  # token limits' GCRA table, made on first use
 
     def take(self, key: str, rate: float, burst: float, n: float = 1.0) -> float:
         if key == GLOBAL_KEY:
             return self.global_bucket.take(n)
+        if key.startswith(TOKEN_PREFIX):
+            try:
+                return self._token_table().take(key, rate, burst, n, self._now_ns())
+            except TableFull:  # 4096 busy keys: far beyond any configuration; admit
+                return 0.0
         return self.per_model.take(key, n)
+
+    def charge(self, key: str, rate: float, burst: float, n: float) -> float:
+        """Charge ``n`` tokens (negative: refund) after the fact; the debt wait (see SharedBuckets)."""
+        try:
+            return self._token_table().charge(key, rate, burst, n, self._now_ns())
+        except TableFull:
+            return 0.0
+
+    def _token_table(self) -> SharedBuckets:
+        t = self._tokens
+        if t is None:
+            t = self._tokens = SharedBuckets(bytearray(SharedBuckets.size(LOCAL_TOKEN_SLOTS)), LOCAL_TOKEN_SLOTS)
+        return t
+
+    def _now_ns(self) -> int:
+        return int(self.clock() * 1e9)
 
 
 class MachineBuckets:
@@ -79,6 +110,13 @@ class MachineBuckets:
             if reg is None:
                 reg = self._overflow[(rate, burst)] = BucketRegistry(rate, burst, clock=self._clock)
             return reg.take(key, n)
+
+    def charge(self, key: str, rate: float, burst: float, n: float) -> float:
+        """Charge ``n`` tokens after the fact (token limits); dropped (0.0) when no slot is found."""
+        try:
+            return self.shared.charge(key, rate, burst, n)
+        except TableFull:
+            return 0.0
 
 
 class Limiter:

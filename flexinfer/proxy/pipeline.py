@@ -28,10 +28,12 @@ from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
 from flexinfer.proxy.ejection import Ejector
 from flexinfer.proxy.forward import Forwarder, sse_error
-from flexinfer.proxy.limits import Limiter
+from flexinfer.proxy.limits import Limiter, LocalBuckets
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.routing import Router
+from flexinfer.proxy.tokencount import TokenCounter
+from flexinfer.proxy.tokenlimits import TokenBuckets, TokenCharge, TokenLimiter, key_id
 from flexinfer.runtime.base import Inventory, ModelView, Scaler
 from flexinfer.settings import ProxySettings
 
@@ -68,7 +70,8 @@ class ProxyHandler:
                  metrics: ProxyMetrics | None = None, router: Router | None = None,
                  limiter: Limiter | None = None, activator: Activator | None = None,
                  scaler: Scaler | None = None, admin: AdminRoutes | None = None,
-                 request_ids: RequestIds = REQUEST_IDS) -> None:
+                 request_ids: RequestIds = REQUEST_IDS, token_limiter: TokenLimiter | None = None,
+                 token_buckets: TokenBuckets | None = None) -> None:
         self.inventory = inventory
         self.settings = settings
         self.metrics = metrics or ProxyMetrics()
@@ -77,6 +80,16 @@ class ProxyHandler:
         if limiter is None and settings.rate_limit_enabled:
             limiter = Limiter(settings, self.metrics)
         self.limiter = limiter
+        if token_limiter is None and TokenLimiter.enabled(settings):  # token limits share the buckets
+            if token_buckets is None:
+                token_buckets = limiter.buckets if limiter is not None and hasattr(limiter.buckets, "charge") \
+                    else LocalBuckets(settings)  # type: ignore[assignment]
+            assert token_buckets is not None
+            token_limiter = TokenLimiter(settings, self.metrics, token_buckets)
+        self.token_limiter = token_limiter
+        self.token_counter = TokenCounter(self.pools, settings.token_count_timeout) \
+            if token_limiter is not None and settings.token_count == "tokenizer" else None
+        self._key_ids = token_limiter is not None and token_limiter.key is not None
         self.scaler = scaler
         if activator is None and scaler is not None:
             activator = Activator(inventory, scaler, settings, self.metrics)
@@ -144,10 +157,12 @@ class ProxyHandler:
             return None
         values = [v for k, v in req.headers if k == b"authorization"]
         try:
-            self.auth.check(values)
+            digest = self.auth.check(values)
         except errors.Unauthorized as exc:
             return exc
         ctx.authenticated = True
+        if self._key_ids:
+            ctx.key_id = key_id(digest)
         return None
 
     # -- phase 2: the whole request --------------------------------------------------------------
@@ -199,6 +214,10 @@ class ProxyHandler:
                 pending = self.limiter.check(view.name)
                 if pending is not None:  # a shared (Redis) lease is on its way
                     await pending
+            if self.token_limiter is not None:
+                counted = await self.token_counter.count(view, data) if self.token_counter is not None else None
+                admitted = self.token_limiter.admit(view.name, ctx.key_id, data, len(req.body), counted)
+                ctx.tokens = admitted if isinstance(admitted, TokenCharge) else await admitted
             # the model the backend must see: the served name, or for a LoRA adapter (routed to its
             # parent's replicas, rewrite_model False) the adapter name the client routed by
             target = view.upstream_model if view.rewrite_model else name
@@ -226,6 +245,9 @@ class ProxyHandler:
             self.metrics.count(model_label, 499)
             if not resp.finished:
                 resp.abort()
+        finally:
+            if ctx.tokens is not None:  # charge what the response says it used (token limits)
+                ctx.tokens.settle()
 
     async def _activate(self, view: ModelView, ctx: RequestContext, resp: ResponseWriter,
                         data: dict[str, Any] | None) -> ModelView:

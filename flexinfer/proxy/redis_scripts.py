@@ -1,7 +1,7 @@
 """The Lua scripts of :mod:`flexinfer.proxy.redisshare` and the names of the keys they use.
 
 Owns: every Redis key name and every server-side step of the sharing across proxy replicas: the GCRA
-lease of rate-limit tokens, the give-back of unused ones, and the in-flight counts exchange.
+lease of rate-limit tokens, the give-back of unused ones, the post-response charge of token limits, and the in-flight counts exchange.
 Must not: talk to Redis, keep state, or know the request pipeline (plain strings and numbers only).
 
 Each script is atomic (Redis runs one at a time) and reads the clock with ``TIME`` inside the script,
@@ -77,6 +77,31 @@ else
   redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
 end
 return 1
+"""
+
+#: KEYS[1] the bucket. ARGV: rate, burst, n (may be negative). A charge after the fact (token
+#: limits: the output tokens of a finished response, the correction of an estimate), with no
+#: admission check: the same arithmetic as ``SharedBuckets.charge`` in microseconds (debt capped at
+#: one burst past empty, a refund never fills past full). Returns the debt wait in microseconds.
+CHARGE = _NOW_US + """
+local iv = 1000000 / tonumber(ARGV[1])
+local tol = tonumber(ARGV[2]) * iv
+local cap = 2 * tol
+local cost = tonumber(ARGV[3]) * iv
+if cost > cap then cost = cap elseif cost < -cap then cost = -cap end
+local tat = tonumber(redis.call('GET', KEYS[1]))
+local ahead = 0
+if tat ~= nil and tat > now then ahead = tat - now end
+if ahead > cap then ahead = cap end
+local new = ahead + cost
+if new < 0 then new = 0 elseif new > cap then new = cap end
+if new <= 0 then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('SET', KEYS[1], string.format('%.3f', now + new), 'PX', math.ceil(new / 1000) + 1)
+if new > tol then return math.ceil(new - tol) end
+return 0
 """
 
 # shared by SYNC and LEAVE: KEYS[1] members, KEYS[2] machines, KEYS[3] sum; ARGV[1] prefix

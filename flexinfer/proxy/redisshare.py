@@ -17,6 +17,9 @@ and concurrent requests then share that one fetch. Below half a lease the next o
 the background. When the bucket is empty the script says until when, and the worker refuses locally
 until then without asking. k = the worker's observed rate of this scope x 50 ms, at least 1, at most
 a tenth of the burst; tokens unused for 0.5 s go back (TAT -= n x interval, not below now).
+Token limits also *charge* after the fact (:meth:`RedisShare.charge`: output tokens, corrections
+of an estimate; ``CHARGE``): the bucket's TAT moves past now (debt), so the next lease finds it empty
+and says until when; tokens already leased locally (at most a tenth of the burst) still admit.
 Accuracy: every admitted token was granted by the one bucket, so from a full bucket over any time T
 admitted <= r*T + b (grace of 1 us per grant); in a window starting while leases are held, plus
 the tokens leased then (<= workers x b/10). Under-admission <= the tokens leased but unused (each
@@ -68,6 +71,8 @@ log = logging.getLogger(__name__)
 
 Fallback = Callable[[str, float, float, float], float]
 """(scope, rate, burst, n) -> 0.0 admitted / seconds to wait: a local bucket at this machine's share."""
+ChargeFallback = Callable[[str, float, float, float], object]
+"""(scope, rate, burst, n): the same local bucket's ``charge`` (token limits while Redis is away)."""
 
 LEASE_HORIZON = 0.05  # seconds of the observed rate one lease covers
 LEASE_BURST_FRACTION = 0.1  # a lease holds at most this part of the burst (bounds what sits unused)
@@ -109,7 +114,8 @@ class RedisShare:
 
     def __init__(self, settings: ProxySettings, registry: CollectorRegistry, *, machine_id: str,
                  worker_id: str, local_load: Callable[[], Mapping[str, int]],
-                 fallback: Fallback | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 fallback: Fallback | None = None, clock: Callable[[], float] = time.monotonic,
+                 charge_fallback: ChargeFallback | None = None) -> None:
         if not machine_id or not worker_id or lua.SEP in machine_id + worker_id:
             raise ValueError("machine_id and worker_id must be non-empty, without \\x1f")
         self.url = settings.redis_url
@@ -121,6 +127,7 @@ class RedisShare:
         self.member_ttl = 3 * self.interval + 2 * self.timeout
         self._local_load = local_load
         self._fallback = fallback
+        self._charge_fallback = charge_fallback
         self._clock = clock
         self.up = False
         self.remote_in_flight: dict[str, int] = {}
@@ -141,7 +148,7 @@ class RedisShare:
                               registry=registry)
         self.errors = Counter("flexinfer_proxy_redis_errors", "Failed or timed-out Redis calls, by operation.",
                               ["op"], registry=registry)
-        for op in ("sync", "lease", "return", "leave"):
+        for op in ("sync", "lease", "return", "charge", "leave"):
             self.errors.labels(op)
         self.fallbacks = Counter("flexinfer_proxy_redis_fallback",
                                  "Rate-limit decisions taken locally because Redis was down or slow.",
@@ -165,7 +172,7 @@ class RedisShare:
             self.url, socket_timeout=None, socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, decode_responses=True,
             health_check_interval=0, client_name=_client_name(self.machine_id, self.worker_id))
-        for name in ("LEASE", "GIVE_BACK", "SYNC", "LEAVE"):
+        for name in ("LEASE", "GIVE_BACK", "CHARGE", "SYNC", "LEAVE"):
             self._scripts[name] = self._client.register_script(getattr(lua, name))
         await self._sync()
         self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="redis-share")
@@ -219,6 +226,34 @@ class RedisShare:
         if now < st.empty_until:
             return st.empty_until - now
         return self._await_lease(key, st, n, now + self.timeout)
+
+    def charge(self, key: str, rate: float, burst: float, n: float) -> None:
+        """Charge ``n`` tokens (negative: a refund) to scope ``key`` after the fact (token limits),
+        without an admission check; never waits and never raises. Up: one ``CHARGE`` script call
+        in the background (bounded by the timeout); a charge that fails there, or any charge while
+        Redis is away, goes to ``charge_fallback`` at this machine's share (or is dropped without
+        one: the local fallback then under-counts those tokens)."""
+        if not rate > 0.0 or not burst > 0.0 or not -math.inf < n < math.inf or n == 0.0:
+            return
+        if self.up and self._client is not None:
+            self._spawn(self._charge(key, rate, burst, n))
+        else:
+            self._fallback_charge(key, rate, burst, n)
+
+    async def _charge(self, key: str, rate: float, burst: float, n: float) -> None:
+        reply = await self._call("charge", "CHARGE", [lua.bucket_key(self.prefix, key)],
+                                 [repr(rate), repr(burst), repr(n)])
+        if reply is None:
+            self._fallback_charge(key, rate, burst, n)
+
+    def _fallback_charge(self, key: str, rate: float, burst: float, n: float) -> None:
+        if self._charge_fallback is None:
+            return
+        share = self.machines_seen
+        try:
+            self._charge_fallback(key, rate / share, max(1.0, burst / share), n)
+        except Exception:  # the local table is full of busy keys: the charge is dropped
+            log.debug("token charge of %s dropped", key, exc_info=True)
 
     def leased(self, key: str) -> float:
         """Tokens of scope ``key`` leased to this worker and not spent yet."""
