@@ -314,6 +314,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18001)
     ap.add_argument("--start-delay", type=float, default=0.0, help="sleep before listening (slow cold start)")
     ap.add_argument("--fail-once", default="", help="exit 1 the first time (creates this marker file)")
+    ap.add_argument("--metrics-file", default="", help="serve this file's text on GET /metrics")
     args = ap.parse_args()
     import os
     import sys
@@ -330,7 +331,11 @@ def main() -> None:
         pass
 
     async def serve() -> None:
-        eng = await StubEngine().start(args.host, args.port)
+        eng = StubEngine()
+        if args.metrics_file:
+            with open(args.metrics_file, encoding="utf-8") as f:
+                eng.metrics_text = f.read()
+        await eng.start(args.host, args.port)
         print(f"stub engine on http://{args.host}:{eng.port}", flush=True)
         eng.requests = _Discard()  # type: ignore[assignment]  # don't grow forever when standalone
         eng.closed_at = _Discard()  # type: ignore[assignment]

@@ -32,6 +32,7 @@ __all__ = [
     "SharedPrefixes",
     "TableFull",
     "TokenBucket",
+    "best_of",
     "chained_block_hashes",
     "keep_below",
     "key_hash",
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from .hashring_py import HashRing as HashRing
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
+    from .schedkern_py import best_of as best_of
     from .schedkern_py import keep_below as keep_below
     from .schedkern_py import kv_free as kv_free
     from .schedkern_py import least_latency as least_latency
@@ -87,6 +89,7 @@ else:
     model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes
     _schedkern = _pick("schedkern")
+    best_of = _schedkern.best_of
     keep_below = _schedkern.keep_below
     kv_free = _schedkern.kv_free
     least_latency = _schedkern.least_latency

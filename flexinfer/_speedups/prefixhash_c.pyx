@@ -266,10 +266,9 @@ cdef extern from "Python.h":
 cdef array.array _Q = array.array("Q")
 
 
-cdef object _chain(const uint8_t* p, Py_ssize_t end, Py_ssize_t block_size, bint packed):
+cdef object _chain(const uint8_t* p, Py_ssize_t end, Py_ssize_t block_size, bint packed, uint64_t seed):
     cdef Py_ssize_t count = end // block_size + (1 if end % block_size else 0)
     cdef Py_ssize_t i, start, size
-    cdef uint64_t seed = 0
     cdef object value
     cdef list out
     cdef array.array arr
@@ -294,9 +293,11 @@ cdef object _chain(const uint8_t* p, Py_ssize_t end, Py_ssize_t block_size, bint
     return out
 
 
-def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT_MAX_BLOCKS, *, bint packed=False):
+def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT_MAX_BLOCKS, bint packed=False,
+                         seed=0):
     """Chained XXH3-64 hashes of ``data``'s first ``max_blocks`` blocks (see ``prefixhash_py``);
-    ``packed``: as an ``array('Q')`` instead of a list."""
+    ``packed``: as an ``array('Q')`` instead of a list; ``seed``: the chain's start."""
+    cdef uint64_t chain_seed = seed
     cdef Py_ssize_t bs, mb, limit, end
     cdef Py_buffer view
     cdef Py_ssize_t chars
@@ -318,12 +319,12 @@ def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT
             end = PyUnicode_GET_LENGTH(data)
             if end > limit:
                 end = limit
-            return _chain(<const uint8_t*>PyUnicode_DATA(data), end, bs, packed)
+            return _chain(<const uint8_t*>PyUnicode_DATA(data), end, bs, packed, chain_seed)
         kind = PyUnicode_KIND(data)
         if kind != 1 and kind != 2 and kind != 4:  # a legacy (not ready) string: let Python encode
             raw = (<str>data)[:limit].encode("utf-8", "surrogatepass")
             end = PyBytes_GET_SIZE(raw)
-            return _chain(<const uint8_t*>PyBytes_AS_STRING(raw), end if end < limit else limit, bs, packed)
+            return _chain(<const uint8_t*>PyBytes_AS_STRING(raw), end if end < limit else limit, bs, packed, chain_seed)
         # encode only the bytes that count, straight from the string's code points
         chars = PyUnicode_GET_LENGTH(data)
         if chars > limit:
@@ -337,18 +338,18 @@ def chained_block_hashes(data, block_size=DEFAULT_BLOCK_SIZE, max_blocks=DEFAULT
         try:
             end = <Py_ssize_t>fi_utf8_prefix(kind, PyUnicode_DATA(data), <size_t>chars,
                                              buf, <size_t>limit)
-            return _chain(buf, end if end < limit else limit, bs, packed)
+            return _chain(buf, end if end < limit else limit, bs, packed, chain_seed)
         finally:
             if buf != &stack[0]:
                 free(buf)
     if isinstance(data, bytes):
         end = PyBytes_GET_SIZE(data)
-        return _chain(<const uint8_t*>PyBytes_AS_STRING(data), end if end < limit else limit, bs, packed)
+        return _chain(<const uint8_t*>PyBytes_AS_STRING(data), end if end < limit else limit, bs, packed, chain_seed)
     mv = memoryview(data).cast("B")
     PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE)
     try:
         end = view.len if view.len < limit else limit
-        return _chain(<const uint8_t*>view.buf, end, bs, packed)
+        return _chain(<const uint8_t*>view.buf, end, bs, packed, chain_seed)
     finally:
         PyBuffer_Release(&view)
 

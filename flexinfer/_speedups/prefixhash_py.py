@@ -15,7 +15,7 @@ Spec
 * The bytes are cut into ``block_size`` blocks; the trailing partial block is included
   too (so short identical prompts still match), giving ``ceil(min(len, limit) / block_size)``
   hashes; empty input gives ``[]``.
-* ``h[0] = xxh3_64(block[0], seed=0)`` and ``h[i] = xxh3_64(block[i], seed=h[i-1])``, as
+* ``h[0] = xxh3_64(block[0], seed=seed)`` (``seed`` 0 unless given) and ``h[i] = xxh3_64(block[i], seed=h[i-1])``, as
   ``xxhash.xxh3_64_intdigest`` computes them: equal ``h[i]`` implies (up to 64-bit
   collisions) equal blocks ``0..i``, so the longest common prefix of two prompts is the
   length of the common prefix of their hash lists. A trailing partial block only matches
@@ -38,19 +38,23 @@ DEFAULT_MAX_BLOCKS = 128
 
 @overload
 def chained_block_hashes(data: str | bytes, block_size: int = ..., max_blocks: int = ...,
-                         *, packed: Literal[False] = ...) -> list[int]: ...
+                         packed: Literal[False] = ..., seed: int = ...) -> list[int]: ...
 @overload
-def chained_block_hashes(data: str | bytes, block_size: int = ..., max_blocks: int = ...,
-                         *, packed: Literal[True]) -> array[int]: ...
+def chained_block_hashes(data: str | bytes, block_size: int, max_blocks: int,
+                         packed: Literal[True], seed: int = ...) -> array[int]: ...
 def chained_block_hashes(
     data: str | bytes,
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
-    *,
     packed: bool = False,
+    seed: int = 0,
 ) -> list[int] | array[int]:
     """Chained XXH3-64 hashes of ``data``'s first ``max_blocks`` blocks (see module doc);
-    ``packed``: as an ``array('Q')`` (machine words, no Python int per block) instead of a list."""
+    ``packed``: as an ``array('Q')`` (machine words, no Python int per block) instead of a list;
+    ``seed``: the chain's start (block 0's XXH3 seed; 0 by default)."""
+    seed = index(seed)
+    if not 0 <= seed < 1 << 64:
+        raise OverflowError("seed must be in [0, 2**64)")
     block_size = index(block_size)
     max_blocks = index(max_blocks)
     if block_size < 1:
@@ -64,7 +68,6 @@ def chained_block_hashes(
         view = memoryview(data).cast("B")
     end = min(len(view), limit)
     out: list[int] = []
-    seed = 0
     for start in range(0, end, block_size):
         seed = xxh3_64_intdigest(view[start : min(start + block_size, end)], seed)
         out.append(seed)

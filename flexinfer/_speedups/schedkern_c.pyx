@@ -10,7 +10,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from libc.stdlib cimport free, malloc
 
-__all__ = ["keep_below", "kv_free", "least_latency", "least_request"]
+__all__ = ["best_of", "keep_below", "kv_free", "least_latency", "least_request"]
 
 cdef double EXCESS_FACTOR = 100.0
 cdef double INF = float("inf")
@@ -167,3 +167,162 @@ def keep_below(values, double limit):
     if not keep or len(keep) == n:
         return None
     return keep
+
+
+cdef void _lr(list f_, list r_, Py_ssize_t* idx, Py_ssize_t m, double* out) except *:
+    cdef Py_ssize_t i, j
+    cdef double mx = 0.0, f, r, b, k
+    cdef object ro
+    for j in range(m):
+        i = idx[j]
+        f = _f(_at(f_, i))
+        ro = _at(r_, i)
+        if ro is None:
+            b = f * (1.0 + EXCESS_FACTOR)
+        else:
+            r = _f(ro)
+            b = f + EXCESS_FACTOR * (f - r) if f > r else f
+        out[j] = b
+        if b > mx:
+            mx = b
+    if mx <= 0.0:
+        for j in range(m):
+            out[j] = 100.0
+        return
+    k = 100.0 / mx
+    for j in range(m):
+        out[j] = (mx - out[j]) * k
+
+
+cdef void _ll(list t_, list p_, Py_ssize_t* idx, Py_ssize_t m, double* out, double* tmp) except *:
+    cdef Py_ssize_t i, j
+    cdef double tlo = INF, plo = INF, thi = -INF, phi = -INF, t, p, tk, pk, s
+    cdef object to, po
+    for j in range(m):
+        i = idx[j]
+        to = _at(t_, i)
+        if to is not None:
+            t = _f(to)
+            out[j] = t
+            if t < tlo:
+                tlo = t
+            if t > thi:
+                thi = t
+        po = _at(p_, i)
+        if po is not None:
+            p = _f(po)
+            tmp[j] = p
+            if p < plo:
+                plo = p
+            if p > phi:
+                phi = p
+    tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
+    pk = 50.0 / (phi - plo) if phi > plo else 0.0
+    for j in range(m):
+        i = idx[j]
+        s = 0.0 if _at(t_, i) is None else 50.0 - (out[j] - tlo) * tk
+        s = s + (0.0 if _at(p_, i) is None else 50.0 - (tmp[j] - plo) * pk)
+        out[j] = s
+
+
+cdef void _kv(list k_, Py_ssize_t* idx, Py_ssize_t m, double* out) except *:
+    cdef Py_ssize_t j
+    cdef double u
+    cdef object uo
+    for j in range(m):
+        uo = _at(k_, idx[j])
+        if uo is None:
+            out[j] = 0.0
+        else:
+            u = _f(uo)
+            out[j] = 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u))
+
+
+def best_of(codes, weights, double max_waiting, in_flight, waiting, running, kv, ttft, tpot, extra, Py_ssize_t turn):
+    cdef list f_ = _as_list(in_flight), w_ = _as_list(waiting), r_ = _as_list(running), k_ = _as_list(kv)
+    cdef list t_ = _as_list(ttft), p_ = _as_list(tpot)
+    cdef tuple codes_ = codes if type(codes) is tuple else tuple(codes)
+    cdef tuple weights_ = weights if type(weights) is tuple else tuple(weights)
+    cdef object extra_ = extra
+    cdef Py_ssize_t n = len(f_), m = 0, i, j, c, nc = len(codes_), nties, pick, code
+    cdef double w, best
+    cdef object v, ex
+    cdef list exl
+    if n == 0:
+        raise ValueError("no candidates")
+    if nc == 0:
+        raise ValueError("no scorer")
+    if len(weights_) != nc or len(extra_) != nc:
+        raise ValueError("codes, weights and extra differ in length")
+    cdef Py_ssize_t* idx = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
+    cdef double* buf = <double*>malloc(3 * n * sizeof(double))
+    if idx == NULL or buf == NULL:
+        free(idx)
+        free(buf)
+        raise MemoryError()
+    cdef double* tot = buf
+    cdef double* s = buf + n
+    cdef double* tmp = buf + 2 * n
+    try:
+        if max_waiting >= 0.0:  # the least-request filter, as keep_below: all or none kept means all
+            for i in range(n):
+                v = _at(w_, i)
+                if v is None or _f(v) < max_waiting:
+                    idx[m] = i
+                    m += 1
+            if m == 0 or m == n:
+                m = 0
+        if m == 0:
+            for i in range(n):
+                idx[i] = i
+            m = n
+        for c in range(nc):
+            code = <Py_ssize_t>codes_[c]
+            if code == 1:
+                _lr(f_, r_, idx, m, s)
+            elif code == 2:
+                _ll(t_, p_, idx, m, s, tmp)
+            elif code == 3:
+                _kv(k_, idx, m, s)
+            else:
+                ex = extra_[c]
+                if ex is None or len(ex) != n:
+                    raise ValueError("extra scores must give one per candidate")
+                exl = _as_list(ex)
+                for j in range(m):
+                    s[j] = _f(_at(exl, idx[j]))
+            w = _f(weights_[c])
+            if w != 1.0:
+                for j in range(m):
+                    s[j] = s[j] * w
+            if c == 0:
+                for j in range(m):
+                    tot[j] = s[j]
+            else:
+                for j in range(m):
+                    tot[j] = tot[j] + s[j]
+        best = tot[0]
+        pick = 0
+        for j in range(1, m):
+            if tot[j] > best:
+                best = tot[j]
+                pick = j
+        nties = 0
+        for j in range(m):
+            if tot[j] == best:
+                nties += 1
+        if m > 1 and nties > 1:
+            c = turn % nties
+            if c < 0:
+                c += nties
+            for j in range(m):
+                if tot[j] == best:
+                    if c == 0:
+                        pick = j
+                        break
+                    c -= 1
+            return idx[pick], True
+        return idx[pick], False
+    finally:
+        free(idx)
+        free(buf)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["keep_below", "kv_free", "least_latency", "least_request"]
+__all__ = ["best_of", "keep_below", "kv_free", "least_latency", "least_request"]
 
 EXCESS_FACTOR = 100.0
 
@@ -106,3 +106,53 @@ def keep_below(values: Sequence[float | None], limit: float) -> list[int] | None
     if not keep or len(keep) == len(values):
         return None
     return keep
+
+
+def best_of(codes: Sequence[int], weights: Sequence[float], max_waiting: float, in_flight: Sequence[int],
+            waiting: Sequence[float | None], running: Sequence[float | None], kv: Sequence[float | None],
+            ttft: Sequence[float | None], tpot: Sequence[float | None], extra: Sequence[Sequence[float] | None],
+            turn: int) -> tuple[int, bool]:
+    """The whole ``pick=best`` chain of built-in plugins in one call: the waiting filter (when
+    ``max_waiting`` >= 0), then per scorer ``codes[j]`` (1 least-request, 2 least-latency,
+    3 kv-cache, 0 the precomputed per-candidate scores ``extra[j]``) weighted by ``weights[j]``
+    and summed in that order, then the highest total; candidates tied for it take turns
+    (``turn``: the caller's counter, used only when there is a tie). Returns (index into the
+    inputs, whether a tie used the turn). The scores equal the scheduler's plugins' exactly."""
+    n = len(in_flight)
+    if n == 0:
+        raise ValueError("no candidates")
+    idx = keep_below(waiting, max_waiting) if max_waiting >= 0.0 else None
+    f, r, k, t, p = in_flight, running, kv, ttft, tpot
+    if idx is not None:
+        f = [in_flight[i] for i in idx]
+        r = [running[i] for i in idx]
+        k = [kv[i] for i in idx]
+        t = [ttft[i] for i in idx]
+        p = [tpot[i] for i in idx]
+    m = len(f)
+    totals: list[float] | None = None
+    for j, code in enumerate(codes):
+        if code == 1:
+            s = least_request(f, r)
+        elif code == 2:
+            s = least_latency(t, p)
+        elif code == 3:
+            s = kv_free(k)
+        else:
+            ex = extra[j]
+            if ex is None or len(ex) != n:
+                raise ValueError("extra scores must give one per candidate")
+            s = [float(ex[i]) for i in idx] if idx is not None else [float(x) for x in ex]
+        w = float(weights[j])
+        if w != 1.0:
+            s = [x * w for x in s]
+        totals = s if totals is None else [a + b for a, b in zip(totals, s, strict=True)]
+    if totals is None:
+        raise ValueError("no scorer")
+    best = max(totals)
+    i = totals.index(best)
+    tied = m > 1 and totals.count(best) > 1
+    if tied:
+        ties = [j for j, x in enumerate(totals) if x == best]
+        i = ties[turn % len(ties)]
+    return (idx[i] if idx is not None else i), tied

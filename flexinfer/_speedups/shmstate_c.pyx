@@ -20,7 +20,7 @@ from cpython.object cimport Py_SIZE
 from cpython.buffer cimport PyBUF_FULL_RO, PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError
-from cpython.long cimport PyLong_AsSsize_t
+from cpython.long cimport PyLong_AsLongAndOverflow, PyLong_AsSsize_t
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from libc.math cimport INFINITY
@@ -689,6 +689,13 @@ cdef Py_ssize_t _sets(object sets) except -1:
 
 
 cdef uint64_t _ep(object ep_id) except 0:
+    cdef long v
+    cdef int overflow = 0
+    if type(ep_id) is int:  # the common case, compared in C
+        v = PyLong_AsLongAndOverflow(ep_id, &overflow)
+        if overflow or not 1 <= v <= 0xFFFF:
+            raise ValueError("ep_id must be in 1..65535")
+        return <uint64_t>v
     ep = PyNumber_Index(ep_id)
     if not 1 <= ep <= 0xFFFF:
         raise ValueError("ep_id must be in 1..65535")

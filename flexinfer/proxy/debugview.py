@@ -33,7 +33,7 @@ def document(models: Iterable[ModelView], router: Router, clock: Callable[[], fl
     state, last, ejector, load = router.engine_state, router.engine_last, router.ejector, router.load
     out: list[dict[str, Any]] = []
     for v in models:
-        d = router.decisions.get(v.name)
+        d = router.decision(v.name)
         scores = d.scores if d is not None else {}
         totals = d.total if d is not None else {}
         eps: list[dict[str, Any]] = []

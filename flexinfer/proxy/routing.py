@@ -32,6 +32,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, Protocol, cast
 
 from flexinfer._speedups import HashRing, SharedPrefixes, chained_block_hashes
@@ -50,6 +51,9 @@ PREFIX_TOP = 5
 BOUNDED_LOAD_EPSILON = 0.25
 
 log = logging.getLogger("flexinfer.proxy")
+
+#: model (or adapter) name -> the seed of its prompts' block chains (the name's own hash)
+_SEEDS: dict[str, int] = {}
 
 
 class _Headers(Protocol):
@@ -123,17 +127,21 @@ def prompt_text(data: dict[str, Any] | None, limit: int = PREFIX_BLOCKS * PREFIX
     if data is None:
         return ""
     msgs = data.get("messages")
-    if isinstance(msgs, list):
+    if type(msgs) is list:
         parts: list[str] = []
+        add = parts.append
         size = 0
         for m in msgs:
-            if isinstance(m, dict):
-                t = _content_text(m.get("content"))
-                parts.append(t)
+            if type(m) is dict:
+                t = m.get("content")
+                if type(t) is not str:
+                    t = _content_text(t)
+                add(t)
                 size += len(t)
                 if size >= limit:
                     break
-        return "".join(parts)[:limit]
+        text = "".join(parts)
+        return text if len(text) <= limit else text[:limit]
     p = data.get("prompt")
     if isinstance(p, str):
         return p[:limit]
@@ -156,6 +164,10 @@ class PrefixStore:
         self._ids: dict[str, int] = {}
         self._free: list[int] = []
         self._next = 1
+        self._version = 0  # bumped when an endpoint gets or loses its id
+        self._last_eps: list[str] | None = None  # the last match_lens keys list, and its ids
+        self._last_ids: list[int | None] = []
+        self._last_version = -1
 
     def _id(self, ep: str, claim: bool) -> int | None:
         i = self._ids.get(ep)
@@ -167,6 +179,7 @@ class PrefixStore:
             else:  # 65,535 live endpoints in one process: no hints for more (routing still works)
                 return None
             self._ids[ep] = i
+            self._version += 1
         return i
 
     def match_len(self, ep: str, hashes: Sequence[int]) -> int:
@@ -179,7 +192,11 @@ class PrefixStore:
         """``match_len`` of each of ``eps`` in one walk over the table."""
         if not hashes:
             return [0] * len(eps)
-        ids = list(map(self._ids.get, eps))
+        if eps is self._last_eps and self._last_version == self._version:  # the router's keys list: stable
+            ids = self._last_ids
+        else:  # every candidate gets its id now (one that never served a block matches nothing)
+            ids = [self._id(e, True) for e in eps]
+            self._last_eps, self._last_ids, self._last_version = eps, ids, self._version
         if None not in ids:
             return self._table.match_lens(cast("list[int]", ids), hashes)
         known = [(j, i) for j, i in enumerate(ids) if i is not None]  # never recorded here: 0
@@ -200,6 +217,7 @@ class PrefixStore:
         if i is not None:
             self._table.forget(i)
             self._free.append(i)
+            self._version += 1
 
     def endpoints(self) -> list[str]:
         return list(self._ids)
@@ -247,8 +265,7 @@ class LocalLoad(dict[str, int]):
             self.pop(key, None)
 
     def loads(self, keys: Sequence[str]) -> list[int]:
-        get = self.get
-        return [get(k, 0) for k in keys]
+        return list(map(self.get, keys, repeat(0, len(keys))))  # C-level: no comprehension frame
 
     def snapshot(self) -> dict[str, int]:
         return dict(self)
@@ -261,7 +278,8 @@ ENGINE_COLUMNS_TTL = 0.05
 
 
 class _ModelState:
-    __slots__ = ("by_key", "endpoints", "eng", "eng_at", "eng_keys", "keys", "ring", "ring_nodes", "rr")
+    __slots__ = ("by_key", "endpoints", "eng", "eng_at", "eng_keys", "keys", "ring", "ring_nodes", "rr", "sched",
+                 "sched_view")
 
     def __init__(self) -> None:
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -273,6 +291,8 @@ class _ModelState:
         self.eng: tuple[list[Any], ...] = ()  # waiting, running, kv, ttft, tpot, adapters (by ``keys``)
         self.eng_at = -math.inf
         self.eng_keys: list[str] | None = None  # the ``keys`` list ``eng`` was built for
+        self.sched: Scheduler | None = None  # the ``scored`` chain of the view it was looked up for
+        self.sched_view: ModelView | None = None
 
 
 class Router:
@@ -286,10 +306,11 @@ class Router:
         self.engine_state: Callable[[str], EngineState | None] | None = None
         #: the latest scrape of an endpoint however old or failed (``/debug/endpoints`` only)
         self.engine_last: Callable[[str], EngineState | None] | None = None
-        #: the latest ``scored`` decision (read right after :meth:`pick` for the explain header; pick
-        #: is synchronous, so nothing can run in between) and each model's latest one (``/debug``)
-        self.last_decision: Decision | None = None
-        self.decisions: dict[str, Decision] = {}
+        #: each model's latest ``scored`` pick, as what it was made from (a fused pick makes no
+        #: :class:`Decision`: :meth:`decision` rebuilds one when asked, the same pick with its scores)
+        self._picks: dict[str, tuple[Scheduler, tuple[Any, ...], list[str], list[int], tuple[list[Any], ...], int]
+                          | Decision] = {}
+        self._last_model: str | None = None
         #: model -> why its ``scheduler`` setting was refused (the default chain serves it meanwhile)
         self.scheduler_errors: dict[str, str] = {}
         self._schedulers: dict[tuple[str, str | None], Scheduler] = {}
@@ -374,6 +395,27 @@ class Router:
             self._schedulers[(model, spec)] = sched
         return sched
 
+    def decision(self, model: str) -> Decision | None:
+        """``model``'s latest ``scored`` decision with every candidate's scores (for ``/debug`` and
+        the explain header), rebuilt from its inputs if the pick was fused."""
+        got = self._picks.get(model)
+        if got is None or isinstance(got, Decision):
+            return got
+        sched, req, keys, in_flight, engine, turn = got
+        d = sched.choose(Request(*req), Columns(keys, in_flight, *engine), turn=turn)
+        self._picks[model] = d
+        return d
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The latest ``scored`` decision of any model (read right after :meth:`pick`: pick is
+        synchronous, so nothing can run in between)."""
+        return self.decision(self._last_model) if self._last_model is not None else None
+
+    @property
+    def decisions(self) -> dict[str, Decision]:
+        return {m: d for m in list(self._picks) if (d := self.decision(m)) is not None}
+
     def _ring_for(self, req: Request, cols: Columns) -> str | None:
         """The session-affinity scorer's lookup: the model's bounded-load ring (the one the
         ``session-affinity`` strategy walks), over the loads of all its endpoints; an answer the
@@ -420,21 +462,37 @@ class Router:
 
     def _scored(self, view: ModelView, st: _ModelState, eps: tuple[Endpoint, ...], data: dict[str, Any] | None,
                 req: _Headers) -> tuple[Endpoint, str, str]:
-        sched = self._schedulers.get((view.name, view.scheduler)) or self.scheduler(view.name, view.scheduler)
+        sched = st.sched
+        if sched is None or st.sched_view is not view:  # looked up once per view object (views are immutable)
+            sched = st.sched = self.scheduler(view.name, view.scheduler)
+            st.sched_view = view
         keys = st.keys
-        cols = Columns(keys, self.load.loads(keys), *self._engine_columns(st))
-        if len(eps) != len(keys):  # some are excluded (ejected, or refused on this request's first try)
-            left = {e.key for e in eps}
-            cols = cols.take([i for i, k in enumerate(keys) if k in left])
-        hashes = self._hashes(view, data) if sched.needs_prefix else []
+        in_flight = self.load.loads(keys)
+        engine = st.eng
+        if st.eng_keys is not keys or time.monotonic() - st.eng_at >= ENGINE_COLUMNS_TTL:
+            engine = self._engine_columns(st)
+        hashes = self._hashes(view, data) if sched.needs_prefix else ()
         adapter = None
         if not view.rewrite_model and data is not None and isinstance(data.get("model"), str):
             adapter = data["model"]  # a LoRA adapter routed to its parent's replicas
-        session = session_key(data, req)[0] if sched.needs_session else None
-        decision = sched.choose(Request(view.name, adapter, session, hashes), cols)
-        self.last_decision = self.decisions[view.name] = decision
-        ep = st.by_key[decision.key]
-        if hashes:
+        self._last_model = view.name
+        if sched.fused is not None and len(eps) == len(keys):  # the whole chain in one compiled call
+            i = sched.choose_index(hashes, keys, in_flight, engine)
+            key = keys[i]
+            self._picks[view.name] = (sched, (view.name, adapter, None, hashes), keys, in_flight, engine,
+                                      sched.last_turn)
+            full = sched.last_full
+        else:
+            session = session_key(data, req)[0] if sched.needs_session else None
+            cols = Columns(keys, in_flight, *engine)
+            if len(eps) != len(keys):  # some are excluded (ejected, or refused on this request's first try)
+                left = {e.key for e in eps}
+                cols = cols.take([i for i, k in enumerate(keys) if k in left])
+            decision = self._picks[view.name] = sched.choose(Request(view.name, adapter, session, hashes), cols)
+            key = decision.key
+            full = sched.holds(key, len(hashes))
+        ep = st.by_key[key]
+        if hashes and not full:  # an endpoint that has every block already: nothing to add
             self.prefixes.record(ep.key, hashes)
         return ep, "scored", sched.pick
 
@@ -466,12 +524,17 @@ class Router:
         text = prompt_text(data)
         if not text:
             return []
-        seed = view.name
+        name = view.name
         if not view.rewrite_model and data is not None:
             m = data.get("model")
             if isinstance(m, str):
-                seed = m
-        return chained_block_hashes(seed + "\x00" + text, PREFIX_BLOCK_SIZE, PREFIX_BLOCKS, packed=True)
+                name = m
+        seed = _SEEDS.get(name)
+        if seed is None:
+            if len(_SEEDS) >= 65_536:  # names come from the inventory, but adapters from requests
+                _SEEDS.clear()
+            seed = _SEEDS[name] = chained_block_hashes(name, 4096, 1)[0] if name else 0
+        return chained_block_hashes(text, PREFIX_BLOCK_SIZE, PREFIX_BLOCKS, True, seed)  # packed, positional: cheap
 
     def _prefix_cache_pick(self, eps: tuple[Endpoint, ...], hashes: Sequence[int]) -> tuple[Endpoint, str]:
         if hashes:

@@ -10,7 +10,9 @@ the ring; it builds the candidates and injects the hints and the ring lookup).
 
 Chain: each filter narrows the candidates (never to nothing: a filter that would drop all hands its
 input on); each scorer gives 0..100 per candidate; total = sum of weight x score. ``pick=best``
-takes the highest total, ties going to the earliest candidate (the caller's order); ``pick=
+takes the highest total; candidates tied for it take turns (a counter of the scheduler walks
+them in the caller's order, so equal endpoints share the load as round-robin would, where
+"the first of equals" would send everything to one of them while they look alike); ``pick=
 weighted-random`` ranks by total (stable), keeps the top N and draws one with probability
 proportional to its total (all zero: uniform).
 
@@ -30,6 +32,7 @@ from operator import add as add_
 from operator import mul
 from typing import Any
 
+from flexinfer._speedups import best_of
 from flexinfer.proxy.scorers import (
     FILTERS,
     SCORERS,
@@ -154,9 +157,77 @@ class Scheduler:
         self.rng = rng if rng is not None else random.Random()
         self.spec = spec or self._describe()
         self._fns = tuple((s.score, float(w)) for s, w in self.scorers)
+        self._turn = -1  # the tie-break turn of pick=best (the first tie goes to the earliest)
+        self.last_turn = 0  # the turn the latest choose_index offered (a Decision rebuilt with it picks the same)
+        self.last_full = False  # the latest choose_index's pick already held every block of the prompt
         #: what the caller must compute for a request (each costs: hashing the prompt, a session key)
         self.needs_prefix = any(isinstance(s, PrefixCache) for s, _ in self.scorers)
         self.needs_session = any(isinstance(s, SessionAffinity) for s, _ in self.scorers)
+        self.fused = self._fuse()
+        #: the prefix-cache plugin (its latest matches let the router skip recording a full match)
+        self._prefix: PrefixCache | None = next((s for s, _ in self.scorers if isinstance(s, PrefixCache)), None)
+        self._prefix_at = next((j for j, (s, _) in enumerate(self.scorers) if isinstance(s, PrefixCache)), -1)
+        self._extra: list[list[float] | None] = [None] * len(self.scorers)
+
+    def holds(self, key: str, blocks: int) -> bool:
+        """Whether the latest prefix match found ``key`` holding all ``blocks`` of the prompt."""
+        p = self._prefix
+        if p is None:
+            return False
+        keys, lens = p.last
+        for k, n in zip(keys, lens):  # noqa: B905 (both come from one match)
+            if k == key:
+                return n >= blocks
+        return False
+
+    def _fuse(self) -> tuple[tuple[int, ...], tuple[float, ...], float] | None:
+        """The plan of :func:`flexinfer._speedups.best_of` when the whole chain is built-in plugins
+        it computes (least-request scorer and filter, least-latency, kv-cache, prefix-cache as
+        precomputed scores) with ``pick=best``: (codes, weights, max waiting or -1). None: run
+        :meth:`choose`. Both give the same pick (tested)."""
+        if self.pick != "best" or len(self.filters) > 1:
+            return None
+        max_waiting = -1.0
+        for f in self.filters:
+            if type(f) is not LeastRequestFilter:
+                return None
+            max_waiting = f.max_waiting
+        codes: list[int] = []
+        for sc, _ in self.scorers:
+            code = _FUSED.get(type(sc))
+            if code is None:
+                return None
+            codes.append(code)
+        return tuple(codes), tuple(w for _, w in self.scorers), max_waiting
+
+    def choose_index(self, hashes: Sequence[int], keys: list[str], in_flight: list[int],
+                     engine: tuple[list[Any], ...]) -> int:
+        """The fused chain (:attr:`fused` must be set) for a prompt of ``hashes``: the index in
+        ``keys`` of the pick, without a :class:`Decision` (rebuild one with :meth:`choose` and
+        ``turn=`` :attr:`last_turn`); :attr:`last_full`: the pick already holds every block."""
+        assert self.fused is not None
+        codes, weights, max_waiting = self.fused
+        extra = self._extra
+        prefix = self._prefix
+        lens: list[int] = []
+        if prefix is not None:
+            extra = list(extra)
+            batch = prefix._batch
+            if hashes and batch is not None:  # PrefixCache.scores_for, inlined: one frame less per request
+                lens = batch(keys, hashes)
+                prefix.last = (keys, lens)
+                extra[self._prefix_at] = list(map(mul, lens, repeat(100.0 / len(hashes), len(keys))))
+            else:
+                extra[self._prefix_at] = prefix.scores_for(hashes, keys)
+                lens = prefix.last[1]
+        turn = self._turn + 1
+        index, tied = best_of(codes, weights, max_waiting, in_flight, engine[0], engine[1], engine[2],
+                              engine[3], engine[4], extra, turn)
+        self.last_turn = turn
+        if tied:
+            self._turn = turn
+        self.last_full = bool(hashes) and len(lens) > index and lens[index] >= len(hashes)
+        return index
 
     def _describe(self) -> str:
         sc = ",".join(f"{s.name}:{w:g}" for s, w in self.scorers)
@@ -167,8 +238,9 @@ class Scheduler:
         """The same chain with the router's prefix hints and ring lookup bound (a new scheduler)."""
         return parse_config(self.spec, prefix_hints=prefix_hints, ring_pick=ring_pick, rng=rng)
 
-    def choose(self, req: Request, cands: Columns | Sequence[Candidate]) -> Decision:
-        """Place ``req`` on one of ``cands`` (columns, or candidate objects turned into columns)."""
+    def choose(self, req: Request, cands: Columns | Sequence[Candidate], turn: int | None = None) -> Decision:
+        """Place ``req`` on one of ``cands`` (columns, or candidate objects turned into columns).
+        ``turn``: the tie-break turn to use (an earlier pick rebuilt: the counter does not move)."""
         cols = cands if isinstance(cands, Columns) else Columns.of(cands)
         n_input = len(cols.keys)
         if not n_input:
@@ -195,7 +267,14 @@ class Scheduler:
         assert totals is not None  # at least one scorer (checked in __init__)
         top: list[int] | None = None
         if self.pick == "best" or n == 1:
-            index = totals.index(max(totals))  # first of equals: stable by the caller's order
+            best = max(totals)
+            index = totals.index(best)
+            if n > 1 and totals.count(best) > 1:  # tied: take turns among them (C-level count: cheap)
+                ties = [i for i, t in enumerate(totals) if t == best]
+                if turn is None:
+                    self._turn += 1
+                    turn = self._turn
+                index = ties[turn % len(ties)]
         else:
             top = sorted(range(n), key=totals.__getitem__, reverse=True)[: self.top_n]
             index = self._draw(top, totals)
@@ -319,5 +398,7 @@ def spec_error(routing: str, spec: str | None) -> str | None:
         return str(exc)
     return None
 
+
+_FUSED: dict[type, int] = {LeastRequest: 1, LeastLatency: 2, KVCache: 3, PrefixCache: 0}
 
 DEFAULT = parse_config(DEFAULT_SPEC)  # Kthena's defaults; bind hints with DEFAULT.with_deps(...)

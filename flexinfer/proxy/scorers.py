@@ -26,10 +26,10 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter, mul
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from flexinfer._speedups import keep_below, kv_free, least_latency, least_request
 
@@ -51,14 +51,14 @@ class Candidate:
     adapters: frozenset[str] | None = None  # LoRA adapters loaded; None = unknown
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """What plugins may read about the request being placed."""
+class Request(NamedTuple):
+    """What plugins may read about the request being placed (a named tuple: made per request, and
+    a tuple is built in C where a frozen dataclass sets each field through a Python call)."""
 
     model: str
     adapter: str | None = None
     session: str | None = None
-    prefix_hashes: Sequence[int] = field(default_factory=list)  # chained prompt-block hashes
+    prefix_hashes: Sequence[int] = ()  # chained prompt-block hashes
 
 
 class Columns:
@@ -187,18 +187,25 @@ class PrefixCache:
     def __init__(self, hints: PrefixHints | None = None) -> None:
         self.hints = hints
         self._batch: Callable[[list[str], Sequence[int]], list[int]] | None = getattr(hints, "match_lens", None)
+        self.last: tuple[list[str], list[int]] = ([], [])
 
     def score(self, req: Request, cols: Columns) -> list[float]:
-        hashes = req.prefix_hashes
+        return self.scores_for(req.prefix_hashes, cols.keys)
+
+    def scores_for(self, hashes: Sequence[int], keys: list[str]) -> list[float]:
+        """The scores of ``keys`` for a prompt of ``hashes``; the matched block counts stay in
+        :attr:`last` (keys, lens) for the caller (the router skips recording a full match)."""
         hints = self.hints
-        n = len(cols.keys)
+        n = len(keys)
         if hints is None or not hashes:
+            self.last = (keys, [])
             return [0.0] * n
         if self._batch is not None:
-            lens = self._batch(cols.keys, hashes)
+            lens = self._batch(keys, hashes)
         else:
             match = hints.match_len
-            lens = [match(k, hashes) for k in cols.keys]
+            lens = [match(k, hashes) for k in keys]
+        self.last = (keys, lens)
         return list(map(mul, lens, repeat(100.0 / len(hashes), n)))
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexinfer._speedups import HashRing, chained_block_hashes
 from flexinfer.proxy.routing import PrefixStore
@@ -216,14 +219,16 @@ def test_weights_decide_and_scores_are_reported() -> None:
     assert d.total == {cs[0].key: 100.0, cs[1].key: 120.0, cs[2].key: 120.0}
 
 
-def test_best_breaks_ties_by_candidate_order() -> None:
+def test_best_and_ties_take_turns() -> None:
     cs = [cand(i, in_flight=0) for i in range(3)]
     a, b = _Const("a", [100, 0, 40]), _Const("b", [0, 60, 80])
     sched = Scheduler([], [(a, 1), (b, 2)])  # totals 100, 120, 200
-    assert sched.choose(REQ, cs).key == cs[2].key
+    assert [sched.choose(REQ, cs).key for _ in range(3)] == [cs[2].key] * 3  # no tie: always the best
     tie = Scheduler([], [(_Const("a", [50, 50, 10]), 1)])
-    assert tie.choose(REQ, cs).key == cs[0].key
-    assert tie.choose(REQ, [cs[1], cs[0], cs[2]]).key == cs[1].key
+    # the two tied for the best take turns, in the caller's order; the third is never picked
+    assert [tie.choose(REQ, cs).key for _ in range(4)] == [cs[0].key, cs[1].key, cs[0].key, cs[1].key]
+    fresh = Scheduler([], [(_Const("a", [50, 50, 10]), 1)])
+    assert fresh.choose(REQ, [cs[1], cs[0], cs[2]]).key == cs[1].key  # the first turn: the earliest
     d = sched.choose(REQ, cs)
     assert d.scores == {cs[0].key: {"a": 100, "b": 0}, cs[1].key: {"a": 0, "b": 60}, cs[2].key: {"a": 40, "b": 80}}
     assert d.total == {cs[0].key: 100.0, cs[1].key: 120.0, cs[2].key: 200.0}
@@ -410,3 +415,42 @@ def test_header_bound_holds_at_every_limit_and_counts_the_rest() -> None:
             assert h.endswith(f"; +{12 - shown} more"), (limit, h)
         else:
             assert h == d.header(100_000)
+
+
+_opt = st.one_of(st.none(), st.floats(0.0, 50.0))
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 30), _opt, _opt, st.one_of(st.none(), st.floats(0.0, 1.0)), _opt, _opt),
+                min_size=1, max_size=16),
+       st.sampled_from(["least-request,least-latency,prefix-cache;filters=least-request",
+                        "least-request:2,kv-cache:1,least-latency:0.5", "kv-cache", "prefix-cache:3,least-request"]),
+       st.integers(0, 7))
+def test_the_fused_pick_is_the_chains_pick(rows: list[tuple[Any, ...]], spec: str, calls: int) -> None:
+    """choose_index (one compiled call) picks what choose (plugin by plugin) picks, tie turns
+    included, and the Decision rebuilt with the turn it used names the same endpoint."""
+    store = PrefixStore()
+    keys = [f"10.0.0.{i}:8000" for i in range(len(rows))]
+    hashes = chained_block_hashes("shared head " * 50, 64, 128, packed=True)
+    for i, k in enumerate(keys):
+        store.record(k, hashes[: (i * 5) % len(hashes)])
+    fused = parse_config(spec, prefix_hints=store)
+    plain = parse_config(spec, prefix_hints=store)
+    assert fused.fused is not None
+    in_flight = [r[0] for r in rows]
+    engine = (*([r[i] for r in rows] for i in (1, 2, 3, 4, 5)), [None] * len(rows))
+    req = Request("m", prefix_hashes=hashes)
+    for _ in range(calls + 1):
+        i = fused.choose_index(hashes, keys, in_flight, engine)
+        d = plain.choose(req, Columns(keys, in_flight, *engine))
+        assert keys[i] == d.key
+        assert fused.last_full == (store.match_len(keys[i], hashes) >= len(hashes))
+        again = fused.choose(req, Columns(keys, in_flight, *engine), turn=fused.last_turn)
+        assert again.key == keys[i]
+
+
+def test_chains_the_fused_call_cannot_run_use_choose() -> None:
+    assert parse_config("least-request;pick=weighted-random").fused is None
+    assert parse_config("least-request;filters=lora-affinity").fused is None
+    assert parse_config("session-affinity,least-request").fused is None
+    assert parse_config(DEFAULT_SPEC).fused is not None

@@ -5,6 +5,7 @@ compiled twin agreeing with the reference bit for bit on random columns."""
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,3 +54,30 @@ def test_twins_agree_bit_for_bit(rows: list[tuple[int, float | None, float | Non
     assert py.least_latency(b, d) == c.least_latency(b, d)
     assert py.kv_free(e) == c.kv_free(e)
     assert py.keep_below(a, 10.0) == c.keep_below(a, 10.0)
+
+
+opt_count = st.one_of(st.none(), st.integers(0, 30).map(float))
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 40), opt_count, opt_count, figure, figure, figure,
+                          st.integers(0, 100).map(float)), min_size=1, max_size=20),
+       st.lists(st.sampled_from([0, 1, 2, 3]), min_size=1, max_size=5),
+       st.lists(st.sampled_from([1.0, 0.5, 2.0, 3.0]), min_size=5, max_size=5),
+       st.sampled_from([-1.0, 10.0, 3.0]), st.integers(0, 50))
+def test_best_of_twins_agree(rows: list[tuple[Any, ...]], codes: list[int], weights: list[float], max_waiting: float,
+                             turn: int) -> None:
+    py, c = load("schedkern", "py"), load("schedkern", "c")
+    f, w, r, kv, t, p, ex = ([row[i] for row in rows] for i in range(7))
+    extra = [ex if code == 0 else None for code in codes]
+    args = (codes, weights[: len(codes)], max_waiting, f, w, r, kv, t, p, extra, turn)
+    assert py.best_of(*args) == c.best_of(*args)
+
+
+def test_best_of_checks_its_inputs(schedkern: ModuleType) -> None:
+    with pytest.raises(ValueError):
+        schedkern.best_of([1], [1.0], -1.0, [], [], [], [], [], [], [None], 0)
+    with pytest.raises(ValueError):
+        schedkern.best_of([0], [1.0], -1.0, [1], [None], [None], [None], [None], [None], [None], 0)
+    assert schedkern.best_of([1], [1.0], -1.0, [3, 0, 0], [None] * 3, [None] * 3, [None] * 3, [None] * 3,
+                             [None] * 3, [None], 5) == (2, True)  # 0 and 0 tie: turn 5 of 2 -> the second
