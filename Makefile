@@ -60,6 +60,8 @@ bench: ext wrk redis-server
 	$(PY) bench/load_proxy.py
 	$(PY) bench/bench_sharing.py
 	$(PY) bench/bench_routing.py
+	$(PY) bench/bench_scored_cpu.py
+	$(PY) -m pytest bench/bench_scheduler.py -q -p no:cacheprovider --benchmark-only
 	$(PY) bench/bench_activation.py
 	$(PY) bench/bench_extender.py
 	$(PY) bench/bench_flashloader.py

@@ -5,14 +5,16 @@ Run: ``.venv/bin/python -m pytest bench/bench_scheduler.py --benchmark-only -p n
 The issue's budget: <= 15 us per ``choose()`` with 16 endpoints and 4 plugins. Cases (16 endpoints,
 the least-request filter, scores least-request + least-latency + kv-cache + prefix-cache unless said):
 
-- ``4-plugins/prefix-store``: prefix hints are today's :class:`PrefixStore` (binary search per
-  endpoint): what the router pays with the store as it is.
+- ``4-plugins/prefix-store``: ``choose`` (plugin by plugin, with a :class:`Decision`: the path of
+  custom chains, and of ``/debug`` rebuilding a decision) with the router's :class:`PrefixStore`.
 - ``4-plugins/batched-hints``: hints that answer ``match_lens`` in one call from a table: the
   scheduler's own cost, apart from the store's.
 - ``4-plugins/weighted-random``: as above, top 3, weighted-random pick.
 - ``kthena-default``: the default chain (least-request, least-latency, prefix-cache; PrefixStore).
 - ``build-candidates``: building 16 :class:`Candidate` objects (what the router no longer does per
   request: it hands the scheduler :class:`Columns`, its engine figures cached for 50 ms).
+- ``fused/4-plugins``: the same chain as the router runs it (``Scheduler.choose_index``: the
+  built-in plugins in one compiled call, no :class:`Decision`; the prefix store is real).
 - ``router-pick/...``: the whole ``Router.pick`` of a ``scored`` model as a request pays it (engine
   columns, in-flight counts, the prompt's block hashes, session key, the chain, recording the
   prefix blocks).
@@ -82,6 +84,16 @@ def _choose(spec: str, hints: Any) -> Callable[[], Any]:
     return lambda: sched.choose(req, cols)
 
 
+def _fused(spec: str) -> Callable[[], Any]:
+    """The router's path for a chain of built-in plugins: one compiled call (``choose_index``)."""
+    store = _store()
+    sched = parse_config(spec, prefix_hints=store)
+    cols = Columns.of(_cands())
+    engine = (cols.waiting, cols.running, cols.kv, cols.ttft, cols.tpot, cols.adapters)
+    keys, in_flight = cols.keys, cols.in_flight
+    return lambda: sched.choose_index(HASHES, keys, in_flight, engine)
+
+
 class _Headers(dict[bytes, bytes]):
     pass
 
@@ -123,6 +135,7 @@ CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     "4-plugins/weighted-random": lambda: _choose(FOUR + ";top=3;pick=weighted-random", _Table(_store())),
     "kthena-default": lambda: _choose("least-request,least-latency,prefix-cache;filters=least-request", _store()),
     "build-candidates": _build,
+    "fused/4-plugins": lambda: _fused(FOUR),
     "router-pick/4-plugins": lambda: _router_pick(FOUR),
     "router-pick/kthena-default": lambda: _router_pick(None),
     "header": _header,
