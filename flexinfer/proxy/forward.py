@@ -87,17 +87,13 @@ class Forwarder:
         self.metrics = metrics
         self.settings = settings
         self._explain = _EXPLAIN_MODES[settings.route_explain]
-        self._decisions: dict[tuple[str, str, str], Any] = {}  # (model, strategy, source) -> counter child
         self.disagg = Disagg(self)  # prefill/decode disaggregation (only for views with endpoint roles)
 
     def _decided(self, req: Request, view: ModelView, ep: Endpoint, strategy: str, source: str) -> None:
         """Count the pick in ``routing_decisions_total`` and, when asked, explain it."""
-        label = source if not source.startswith("prefix-match") else "prefix-match"  # bounded label values
-        key = (view.name, strategy, label)
-        child = self._decisions.get(key)
-        if child is None:
-            child = self._decisions[key] = self.metrics.routing_decisions.labels(*key)
-        child.inc()
+        if source.startswith("prefix-match"):  # bounded label values
+            source = "prefix-match"
+        self.metrics.decided((view.name, strategy, source))
         explain = self._explain
         if explain and (explain == 2 or req.get(b"x-flexinfer-explain") == b"1"):
             decision = self.router.last_decision if strategy == "scored" else None

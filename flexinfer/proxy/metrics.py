@@ -83,6 +83,7 @@ _REQUESTS_HELP = "Requests answered, by model and status code."
 _DURATION_HELP = "Time from request to last byte."
 _TTFB_HELP = "Time from request to the response head sent to the client."
 _IN_FLIGHT_HELP = "Requests being proxied."
+_DECISIONS_HELP = "Routing decisions (picks of a replica), by model, strategy and key source."
 
 
 class _RequestCollector(Collector):
@@ -101,6 +102,11 @@ class _RequestCollector(Collector):
         for (model, code), n in list(owner._requests.items()):
             requests.add_metric([model, str(code)], n, created=owner._requests_created[(model, code)])
         yield requests
+        decisions = CounterMetricFamily(f"{PREFIX}_routing_decisions", _DECISIONS_HELP,
+                                        labels=["model", "strategy", "key_source"])
+        for key, n in list(owner._decisions.items()):
+            decisions.add_metric(list(key), n, created=owner._decisions_created[key])
+        yield decisions
         models = list(owner._models.items())
         yield _histogram(f"{PREFIX}_request_duration_seconds", _DURATION_HELP,
                          [(m, st.duration, st.duration_sum, st.created) for m, st in models])
@@ -124,6 +130,14 @@ class _RequestCollector(Collector):
                 labels = cache[key] = (("model", key[0]), ("code", str(key[1])))
             req.append((total, labels, n))
             req.append((created, labels, when[key]))
+        decname = f"{PREFIX}_routing_decisions"
+        dtotal, dcreated = f"{decname}_total", f"{decname}_created"
+        dec: list[SampleRow] = []
+        dwhen = owner._decisions_created
+        for dkey, n in list(owner._decisions.items()):
+            dlabels = (("model", dkey[0]), ("strategy", dkey[1]), ("key_source", dkey[2]))
+            dec.append((dtotal, dlabels, n))
+            dec.append((dcreated, dlabels, dwhen[dkey]))
         models = list(owner._models.items())
         labelled = [(st, self._model_labels(m)) for m, st in models]
         duration: list[SampleRow] = []
@@ -135,6 +149,7 @@ class _RequestCollector(Collector):
             _histogram_rows(ttfb, tname, labels, les, st.ttfb, st.ttfb_sum, st.created)
             in_flight.append((f"{PREFIX}_requests_in_flight", labels, st.in_flight))
         return [(name, "counter", _REQUESTS_HELP, "", req),
+                (decname, "counter", _DECISIONS_HELP, "", dec),
                 (dname, "histogram", _DURATION_HELP, "", duration),
                 (tname, "histogram", _TTFB_HELP, "", ttfb),
                 (f"{PREFIX}_requests_in_flight", "gauge", _IN_FLIGHT_HELP, "", in_flight)]
@@ -197,6 +212,9 @@ class ProxyMetrics:
         self.registry = reg = ShareableRegistry(auto_describe=True)
         self._requests: dict[tuple[str, int], int] = {}
         self._requests_created: dict[tuple[str, int], float] = {}
+        #: (model, strategy, key source) -> picks: plain numbers like ``_requests`` (no lock per pick)
+        self._decisions: dict[tuple[str, str, str], int] = {}
+        self._decisions_created: dict[tuple[str, str, str], float] = {}
         self._models: dict[str, ModelStats] = {}
         reg.register(_RequestCollector(self))
         self.upstream_errors = Counter(f"{PREFIX}_upstream_errors", "Upstream failures by reason.",
@@ -211,8 +229,6 @@ class ProxyMetrics:
         self.endpoint_ejections = Counter(f"{PREFIX}_endpoint_ejections",
                                           "Endpoints taken out of rotation after consecutive failures.",
                                           ["model", "endpoint"], registry=reg)
-        self.routing_decisions = Counter(f"{PREFIX}_routing_decisions", "Routing decisions.",
-                                         ["model", "strategy", "key_source"], registry=reg)
         self.disagg_requests = Counter(f"{PREFIX}_disagg_requests",
                                        "Prefill/decode disaggregation steps by stage and outcome.",
                                        ["model", "stage", "outcome"], registry=reg)
@@ -251,6 +267,14 @@ class ProxyMetrics:
             self._requests_created[key] = time.time()
             n = 0
         self._requests[key] = n + 1
+
+    def decided(self, key: tuple[str, str, str]) -> None:
+        """One routing decision (model, strategy, key source): ``routing_decisions_total``."""
+        n = self._decisions.get(key)
+        if n is None:
+            self._decisions_created[key] = time.time()
+            n = 0
+        self._decisions[key] = n + 1
 
     def share_across_workers(self, directory: str, index: int, count: int, *,
                              publish_interval: float | None = None) -> None:

@@ -93,7 +93,7 @@ def test_rows_are_what_collect_gives(tmp_path: Path) -> None:
     m.model("a").observe_duration(0.4)
     m.model("a").in_flight = 2
     m.model("idle")
-    m.routing_decisions.labels("a", "least_loaded", "none").inc()
+    m.decided(("a", "least_loaded", "none"))
     assert m.registry.rows() == workermetrics.collected_rows(m.registry)
     assert m.registry.rows() == workermetrics.collected_rows(m.registry)  # the label caches
     m.registry.set_target_info({"instance": "x"})  # a family no collector's rows() gives
