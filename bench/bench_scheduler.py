@@ -11,8 +11,6 @@ the least-request filter, scores least-request + least-latency + kv-cache + pref
   scheduler's own cost, apart from the store's.
 - ``4-plugins/weighted-random``: as above, top 3, weighted-random pick.
 - ``kthena-default``: the default chain (least-request, least-latency, prefix-cache; PrefixStore).
-- ``build-candidates``: building 16 :class:`Candidate` objects (what the router no longer does per
-  request: it hands the scheduler :class:`Columns`, its engine figures cached for 50 ms).
 - ``fused/4-plugins``: the same chain as the router runs it (``Scheduler.choose_index``: the
   built-in plugins in one compiled call, no :class:`Decision`; the prefix store is real).
 - ``router-pick/...``: the whole ``Router.pick`` of a ``scored`` model as a request pays it (engine
@@ -118,12 +116,6 @@ def _router_pick(spec: str | None) -> Callable[[], Any]:
     return lambda: pick(view, data, headers)
 
 
-def _build() -> Callable[[], Any]:
-    def build() -> list[Candidate]:
-        return [Candidate(k, 3, 1.0, 2.0, 0.5, 0.2, 0.02, None) for k in KEYS]
-    return build
-
-
 def _header() -> Callable[[], Any]:
     d = _choose(FOUR, _store())()
     return d.header
@@ -134,7 +126,6 @@ CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     "4-plugins/batched-hints": lambda: _choose(FOUR, _Table(_store())),
     "4-plugins/weighted-random": lambda: _choose(FOUR + ";top=3;pick=weighted-random", _Table(_store())),
     "kthena-default": lambda: _choose("least-request,least-latency,prefix-cache;filters=least-request", _store()),
-    "build-candidates": _build,
     "fused/4-plugins": lambda: _fused(FOUR),
     "router-pick/4-plugins": lambda: _router_pick(FOUR),
     "router-pick/kthena-default": lambda: _router_pick(None),

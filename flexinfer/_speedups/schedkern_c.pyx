@@ -50,109 +50,70 @@ cdef list _boxed(const double* v, Py_ssize_t n):
     return out
 
 
+cdef Py_ssize_t* _all(Py_ssize_t n) except NULL:
+    """Indices 0..n-1 in a new C array (free it): the standalone kernels run the chain's loops."""
+    cdef Py_ssize_t* idx = <Py_ssize_t*>malloc((n if n else 1) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t i
+    if idx == NULL:
+        raise MemoryError()
+    for i in range(n):
+        idx[i] = i
+    return idx
+
+
 def least_request(in_flight, running):
     cdef list f_ = _as_list(in_flight), r_ = _as_list(running)
-    cdef Py_ssize_t n = len(f_), i
+    cdef Py_ssize_t n = len(f_)
     if len(r_) != n:
         raise ValueError("in_flight and running differ in length")
     if n == 0:
         return []
-    cdef double* bases = <double*>malloc(n * sizeof(double))
-    if bases == NULL:
-        raise MemoryError()
-    cdef double mx = 0.0, f, r, b, k
-    cdef object ro
+    cdef Py_ssize_t* idx = _all(n)
+    cdef double* out = <double*>malloc(n * sizeof(double))
     try:
-        for i in range(n):
-            f = _f(_at(f_, i))
-            ro = _at(r_, i)
-            if ro is None:
-                b = f * (1.0 + EXCESS_FACTOR)
-            else:
-                r = _f(ro)
-                b = f + EXCESS_FACTOR * (f - r) if f > r else f
-            bases[i] = b
-            if b > mx:
-                mx = b
-        if mx <= 0.0:
-            return [100.0] * n
-        k = 100.0 / mx
-        for i in range(n):
-            bases[i] = (mx - bases[i]) * k
-        return _boxed(bases, n)
+        if out == NULL:
+            raise MemoryError()
+        _lr(f_, r_, idx, n, out)
+        return _boxed(out, n)
     finally:
-        free(bases)
+        free(idx)
+        free(out)
 
 
 def least_latency(ttft, tpot):
     cdef list t_ = _as_list(ttft), p_ = _as_list(tpot)
-    cdef Py_ssize_t n = len(t_), i
+    cdef Py_ssize_t n = len(t_)
     if len(p_) != n:
         raise ValueError("ttft and tpot differ in length")
     if n == 0:
         return []
-    cdef double* tv = <double*>malloc(2 * n * sizeof(double))
-    if tv == NULL:
-        raise MemoryError()
-    cdef double* pv = tv + n
-    cdef double tlo = INF, plo = INF, thi = -INF, phi = -INF, t, p, tk, pk, s
-    cdef object to, po
+    cdef Py_ssize_t* idx = _all(n)
+    cdef double* out = <double*>malloc(2 * n * sizeof(double))
     try:
-        for i in range(n):  # unknown entries are skipped in both passes (the list says None)
-            to = _at(t_, i)
-            if to is None:
-                tv[i] = -INF
-            else:
-                t = _f(to)
-                tv[i] = t
-                if t < tlo:
-                    tlo = t
-                if t > thi:
-                    thi = t
-            po = _at(p_, i)
-            if po is None:
-                pv[i] = -INF
-            else:
-                p = _f(po)
-                pv[i] = p
-                if p < plo:
-                    plo = p
-                if p > phi:
-                    phi = p
-        tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
-        pk = 50.0 / (phi - plo) if phi > plo else 0.0
-        for i in range(n):
-            to = _at(t_, i)
-            po = _at(p_, i)
-            s = 0.0 if to is None else 50.0 - (tv[i] - tlo) * tk
-            s = s + (0.0 if po is None else 50.0 - (pv[i] - plo) * pk)
-            tv[i] = s
-        return _boxed(tv, n)
+        if out == NULL:
+            raise MemoryError()
+        _ll(t_, p_, idx, n, out, out + n)
+        return _boxed(out, n)
     finally:
-        free(tv)
+        free(idx)
+        free(out)
 
 
 def kv_free(kv):
     cdef list k_ = _as_list(kv)
-    cdef Py_ssize_t n = len(k_), i
+    cdef Py_ssize_t n = len(k_)
     if n == 0:
         return []
-    cdef double* v = <double*>malloc(n * sizeof(double))
-    if v == NULL:
-        raise MemoryError()
-    cdef double u
-    cdef object uo
+    cdef Py_ssize_t* idx = _all(n)
+    cdef double* out = <double*>malloc(n * sizeof(double))
     try:
-        for i in range(n):
-            uo = _at(k_, i)
-            if uo is None:
-                v[i] = 0.0
-            else:
-                u = _f(uo)
-                v[i] = 100.0 * (1.0 - (0.0 if u < 0.0 else 1.0 if u > 1.0 else u))
-        return _boxed(v, n)
+        if out == NULL:
+            raise MemoryError()
+        _kv(k_, idx, n, out)
+        return _boxed(out, n)
     finally:
-        free(v)
+        free(idx)
+        free(out)
 
 
 def keep_below(values, double limit):

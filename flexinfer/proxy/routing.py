@@ -412,10 +412,6 @@ class Router:
         synchronous, so nothing can run in between)."""
         return self.decision(self._last_model) if self._last_model is not None else None
 
-    @property
-    def decisions(self) -> dict[str, Decision]:
-        return {m: d for m in list(self._picks) if (d := self.decision(m)) is not None}
-
     def _ring_for(self, req: Request, cols: Columns) -> str | None:
         """The session-affinity scorer's lookup: the model's bounded-load ring (the one the
         ``session-affinity`` strategy walks), over the loads of all its endpoints; an answer the
@@ -427,12 +423,10 @@ class Router:
         return name if name in cols.keys else None
 
     def _engine_columns(self, st: _ModelState) -> tuple[list[Any], ...]:
-        """The model's engine figures by endpoint, rebuilt from the scraper at most every
-        :data:`ENGINE_COLUMNS_TTL` seconds (or when the endpoints changed)."""
+        """The model's engine figures by endpoint, rebuilt from the scraper (the caller does so at
+        most every :data:`ENGINE_COLUMNS_TTL` seconds, or when the endpoints changed)."""
         now = time.monotonic()
         keys = st.keys
-        if st.eng_keys is keys and now - st.eng_at < ENGINE_COLUMNS_TTL:
-            return st.eng
         state = self.engine_state
         waiting: list[float | None] = []
         running: list[float | None] = []

@@ -212,14 +212,8 @@ class Scheduler:
         lens: list[int] = []
         if prefix is not None:
             extra = list(extra)
-            batch = prefix._batch
-            if hashes and batch is not None:  # PrefixCache.scores_for, inlined: one frame less per request
-                lens = batch(keys, hashes)
-                prefix.last = (keys, lens)
-                extra[self._prefix_at] = list(map(mul, lens, repeat(100.0 / len(hashes), len(keys))))
-            else:
-                extra[self._prefix_at] = prefix.scores_for(hashes, keys)
-                lens = prefix.last[1]
+            extra[self._prefix_at] = prefix.scores_for(hashes, keys)
+            lens = prefix.last[1]
         turn = self._turn + 1
         index, tied = best_of(codes, weights, max_waiting, in_flight, engine[0], engine[1], engine[2],
                               engine[3], engine[4], extra, turn)

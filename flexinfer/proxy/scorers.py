@@ -102,9 +102,6 @@ class Columns:
                        list(get(self.running)), list(get(self.kv)), list(get(self.ttft)), list(get(self.tpot)),
                        list(get(self.adapters)))
 
-    def candidate(self, i: int) -> Candidate:
-        return Candidate(self.keys[i], self.in_flight[i], self.waiting[i], self.running[i], self.kv[i],
-                         self.ttft[i], self.tpot[i], self.adapters[i])
 
 
 class Filter(Protocol):
