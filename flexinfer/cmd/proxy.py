@@ -69,9 +69,12 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
-    from flexinfer import _speedups
+    from flexinfer import _compiled, _speedups
 
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
+    if _compiled.stale():
+        log.warning("compiled request path older than its source, using the source of %s; run `make ext`",
+                    ", ".join(_compiled.stale()))
     if getattr(args, "kube", False):
         return _run_kube(settings, args, serve_http)
     from flexinfer.runtime.static import InventoryConfigError, StaticInventory

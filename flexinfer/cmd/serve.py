@@ -45,7 +45,7 @@ def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHand
 
 
 def run(args: argparse.Namespace) -> int:
-    from flexinfer import _speedups
+    from flexinfer import _compiled, _speedups
     from flexinfer.http.server import run as serve_http
     from flexinfer.runtime.static import InventoryConfigError
 
@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     names = ", ".join(runtime.procs)
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
+    if _compiled.stale():
+        log.warning("compiled request path older than its source, using the source of %s; run `make ext`",
+                    ", ".join(_compiled.stale()))
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
