@@ -8,7 +8,9 @@ tree, and the consumer side of a response body: ``read``, ``read_all`` and
 :meth:`UpstreamResponse.relay`, which hands the body pieces of each upstream read straight to the
 client writer from the connection's ``data_received`` (one writer call per read: ``write`` for a
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
-and pauses the upstream socket while the client is slow; an optional ``tap`` sees the relayed pieces.
+and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
+that relay from the head callback already, so the first body bytes leave in the read of the head;
+an optional ``tap`` sees the relayed pieces.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
