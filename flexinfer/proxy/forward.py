@@ -127,8 +127,9 @@ class Forwarder:
             pool = self.pools.get(ep.host, ep.port)
             self.router.acquire(ep)
             try:
+                began: list[UpstreamResponse] = []  # the response the head callback saw
                 up = await pool.request(req.method, path, headers, body, on_head=None if on_head is None else
-                                        partial(on_head, ep=ep, strategy=strategy, source=source))
+                                        partial(on_head, ep=ep, strategy=strategy, source=source, began=began))
             except UpstreamConnectError as exc:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason).inc()
@@ -143,8 +144,9 @@ class Forwarder:
                 self.metrics.upstream_errors.labels(exc.reason).inc()
                 self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
                 raise _map_upstream(exc, view) from None
-            except BaseException:
-                self.router.release(ep)
+            except BaseException:  # cancelled: after the head callback, its when_complete may have released
+                if not (began and began[0].complete_notified):
+                    self.router.release(ep)
                 raise
             if self.router.ejector is not None:
                 self._outcome(view, ep, up.status < 500, "ok" if up.status < 500 else "5xx")
@@ -183,12 +185,15 @@ class Forwarder:
             extra.append((b"x-flexinfer-explain", ctx.explain))
         resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
 
-    def _begin(self, up: UpstreamResponse, *, ep: Endpoint, strategy: str, source: str, resp: ResponseWriter,
-               ctx: RequestContext, stats: Any) -> None:
+    def _begin(self, up: UpstreamResponse, *, ep: Endpoint, strategy: str, source: str,
+               began: list[UpstreamResponse], resp: ResponseWriter, ctx: RequestContext, stats: Any) -> None:
         """The head callback of a plain exchange (no SSE answer opened before): the token tap, the
         client's head and the relay start in the upstream read that carried the head, so its first
         body bytes go out in that read too instead of a loop turn later, when ``forward`` resumes
-        (under load a turn serves every ready connection: milliseconds)."""
+        (under load a turn serves every ready connection: milliseconds). The replica is released
+        when the body is complete, before the relay's last write, as on the other path."""
+        began.append(up)
+        up.when_complete(self.router.release, ep)
         if ctx.tokens is not None:
             tap = ctx.tokens.tap
             tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
@@ -215,10 +220,11 @@ class Forwarder:
                 begun = resp.started
             # the replica's load drops when its answer is complete, before the client has the last
             # byte: a client's next request (same session) sees the replica idle, not still busy
-            up.when_complete(self.router.release, ep)
-            if ctx.tokens is not None and not begun:  # token limits: watch the body for its usage
-                tap = ctx.tokens.tap
-                tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
+            if not begun:
+                up.when_complete(self.router.release, ep)
+                if ctx.tokens is not None:  # token limits: watch the body for its usage
+                    tap = ctx.tokens.tap
+                    tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
             try:
                 if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
                     if up.status != 200:
