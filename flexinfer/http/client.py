@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import httptools
@@ -81,7 +81,7 @@ class _Conn(asyncio.Protocol):
     __slots__ = (
         "broken", "checked_out", "close_delimited", "expect_response", "hdr_bytes", "head_due", "head_only",
         "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
-        "loop", "lost", "msg_done", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
+        "loop", "lost", "msg_done", "on_head", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
         "timer_at", "transport", "waiter",
     )
 
@@ -98,6 +98,8 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.last_rx = 0.0
         self.waiter: asyncio.Future[UpstreamResponse] | None = None
+        #: the caller's head callback of the current exchange (see UpstreamPool.request)
+        self.on_head: Callable[[UpstreamResponse], None] | None = None
         self.resp: UpstreamResponse | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0  # when ``timer`` fires
@@ -252,6 +254,15 @@ class _Conn(asyncio.Protocol):
                 self.idle_watch = True
                 self._arm(self.last_rx + idle)
         if waiter is not None and not waiter.done():
+            on_head = self.on_head
+            if on_head is not None:
+                self.on_head = None
+                try:
+                    on_head(resp)
+                except Exception as exc:  # the caller's own failure: raised where it awaits the head
+                    resp.close()
+                    waiter.set_exception(exc)
+                    return
             waiter.set_result(resp)
 
     def on_body(self, piece: bytes) -> None:
@@ -271,13 +282,14 @@ class _Conn(asyncio.Protocol):
             resp.on_complete()
 
     # ---- exchange -----------------------------------------------------------------------------
-    async def exchange(self, head: bytes, body: bytes, timeout: float,
-                       head_only: bool) -> UpstreamResponse:
+    async def exchange(self, head: bytes, body: bytes, timeout: float, head_only: bool,
+                       on_head: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
         if self.lost or self.transport.is_closing():
             raise _NotSent()
         loop = self.loop
         waiter: asyncio.Future[UpstreamResponse] = loop.create_future()
         self.waiter = waiter
+        self.on_head = on_head
         self.resp = None
         self.rx = 0
         self.head_raw = 0
@@ -308,6 +320,7 @@ class _Conn(asyncio.Protocol):
         """Hand an error to whoever waits: the head waiter or the response body."""
         waiter = self.waiter
         self.waiter = None
+        self.on_head = None
         resp = self.resp
         self.resp = None
         if waiter is not None and not waiter.done():
@@ -375,6 +388,7 @@ class _Conn(asyncio.Protocol):
         do when it fires, or watches the next exchange), or closed."""
         self.expect_response = False
         self.waiter = None
+        self.on_head = None
         self.resp = None
         if (self.broken or not self.keep_alive or self.lost
                 or self.transport.get_write_buffer_size() > 0):  # request body still unsent
@@ -390,6 +404,7 @@ class _Conn(asyncio.Protocol):
         self.broken = True
         self.expect_response = False
         self.waiter = None
+        self.on_head = None
         self.resp = None
         self._cancel_timer()
         if not self.lost:
@@ -430,8 +445,15 @@ class UpstreamPool:
         return f"<UpstreamPool {self._name} idle={self.idle} active={self.active}>"
 
     async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
-                      *, response_timeout: float | None = None) -> UpstreamResponse:
-        """Send one request and return once the response head is in."""
+                      *, response_timeout: float | None = None,
+                      on_head: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
+        """Send one request and return once the response head is in.
+
+        ``on_head(resp)``: called from the connection's read callback as soon as the (final) response
+        head is parsed, before the body pieces of that same read and before the awaiting task
+        resumes (a loop turn later): a relay can start there (``resp.start_relay``) so the client
+        gets the head and the first body bytes in the turn they arrived. An exception it raises
+        closes the response and is raised here."""
         head = serialize_request(method, path, headers, body, self._host_line)
         if body and len(body) < 16 * 1024:
             head, body = head + body, b""
@@ -445,7 +467,7 @@ class UpstreamPool:
             conn = await self._connect(asyncio.get_running_loop(), sent=False)
         while True:
             try:
-                return await conn.exchange(head, body, timeout, head_only)
+                return await conn.exchange(head, body, timeout, head_only, on_head)
             except _NotSent:
                 conn = self._take_idle() or await self._connect(conn.loop, sent=retried)
             except _ReuseFailed as exc:

@@ -8,7 +8,9 @@ tree, and the consumer side of a response body: ``read``, ``read_all`` and
 :meth:`UpstreamResponse.relay`, which hands the body pieces of each upstream read straight to the
 client writer from the connection's ``data_received`` (one writer call per read: ``write`` for a
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
-and pauses the upstream socket while the client is slow; an optional ``tap`` sees the relayed pieces.
+and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
+that relay from the head callback already, so the first body bytes leave in the read of the head;
+an optional ``tap`` sees the relayed pieces.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
@@ -24,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flexinfer.http.flow import ClientGone
+from flexinfer.http.flow import ClientGone, FlowControl
 
 if TYPE_CHECKING:
     from flexinfer.http.request import ResponseWriter
@@ -180,7 +182,7 @@ class BodySource(Protocol):
 class UpstreamResponse:
     """A response head from a backend, and its body as it arrives."""
 
-    __slots__ = ("_batch", "_buffered", "_client_gone", "_conn", "_done_arg", "_done_cb", "_eof", "_error",
+    __slots__ = ("_attached", "_batch", "_buffered", "_client_gone", "_conn", "_done_arg", "_done_cb", "_eof", "_error",
                  "_high", "_loop", "_pieces", "_relayed", "_sink", "_sink_error", "_waiter", "chunked",
                  "content_length", "headers", "status", "tap")
 
@@ -199,6 +201,7 @@ class UpstreamResponse:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._sink: ResponseWriter | None = None
+        self._attached = False  # start_relay() set the sink; relay() not yet called
         self._batch: list[bytes] | None = None  # pieces of the current upstream read, for the sink
         self._sink_error: BaseException | None = None
         self._relayed = 0
@@ -346,6 +349,9 @@ class UpstreamResponse:
         socket is paused. UpstreamError: the upstream failed (the writer is left as it is, so the
         caller can add an SSE error event and abort). ClientGone: the client went away (the
         upstream connection is closed at once)."""
+        if self._sink is writer and self._attached:  # start_relay() ran at the head: only the wait is left
+            self._attached = False
+            return await self._relay_rest(writer, writer.flow, None)
         if not writer.started:
             raise RuntimeError("start() the response before relay()")
         if self._sink is not None:
@@ -377,11 +383,37 @@ class UpstreamResponse:
         self._sink = writer
         writer.on_disconnect(self._on_client_gone)
         flow.set_listener(self._on_client_resumed)
+        return await self._relay_rest(writer, flow, conn)
+
+    def start_relay(self, writer: ResponseWriter) -> bool:
+        """Start relaying to the started ``writer`` at once, from the head callback
+        (``UpstreamPool.request(on_head=...)``), so the body pieces of the read that carried the head
+        reach the client in that same read, with no loop turn in between; :meth:`relay` (called
+        next, as always) then only waits for the end. False (nothing done): not a fresh response
+        (a body piece, its end or an error is already in), or the writer is not started or gone."""
+        if (self._sink is not None or self._pieces or self._eof or self._error is not None
+                or self._conn is None or not writer.started or writer.disconnected):
+            return False
+        flow = writer.flow
+        self._relayed = 0
+        self._sink = writer
+        self._attached = True
+        writer.on_disconnect(self._on_client_gone)
+        flow.set_listener(self._on_client_resumed)
+        if flow.write_paused:
+            self._conn.pause_reading()
+        else:
+            self._conn.resume_reading()
+        return True
+
+    async def _relay_rest(self, writer: ResponseWriter, flow: FlowControl, conn: BodySource | None) -> int:
+        """relay() once the sink is set: wait for the end (or the failure), then end the writer."""
         try:
-            if flow.write_paused:
-                conn.pause_reading()
-            else:
-                conn.resume_reading()
+            if conn is not None:
+                if flow.write_paused:
+                    conn.pause_reading()
+                else:
+                    conn.resume_reading()
             while not self._eof:
                 if self._client_gone:
                     raise ClientGone()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -105,10 +107,12 @@ class Forwarder:
 
     async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
                     headers: list[tuple[bytes, bytes]], body: bytes,
-                    first: tuple[Endpoint, str, str] | None = None
+                    first: tuple[Endpoint, str, str] | None = None,
+                    on_head: Callable[..., None] | None = None
                     ) -> tuple[UpstreamResponse, Endpoint, str, str]:
         """Open the upstream exchange; one retry on another replica if the first refused us.
-        ``first``: a pick made already (the disaggregated flow picks the decode replica early)."""
+        ``first``: a pick made already (the disaggregated flow picks the decode replica early).
+        ``on_head(up, ep, strategy, source)``: run from the upstream read that carried the head."""
         exclude: frozenset[str] = frozenset()
         while True:
             try:
@@ -123,7 +127,9 @@ class Forwarder:
             pool = self.pools.get(ep.host, ep.port)
             self.router.acquire(ep)
             try:
-                up = await pool.request(req.method, path, headers, body)
+                began: list[UpstreamResponse] = []  # the response the head callback saw
+                up = await pool.request(req.method, path, headers, body, on_head=None if on_head is None else
+                                        partial(on_head, ep=ep, strategy=strategy, source=source, began=began))
             except UpstreamConnectError as exc:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason).inc()
@@ -138,8 +144,9 @@ class Forwarder:
                 self.metrics.upstream_errors.labels(exc.reason).inc()
                 self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
                 raise _map_upstream(exc, view) from None
-            except BaseException:
-                self.router.release(ep)
+            except BaseException:  # cancelled: after the head callback, its when_complete may have released
+                if not (began and began[0].complete_notified):
+                    self.router.release(ep)
                 raise
             if self.router.ejector is not None:
                 self._outcome(view, ep, up.status < 500, "ok" if up.status < 500 else "5xx")
@@ -168,37 +175,65 @@ class Forwarder:
         resp.end()
         self.metrics.count(view.name, up.status)
 
+    def _start_client(self, up: UpstreamResponse, resp: ResponseWriter, ctx: RequestContext, ep: Endpoint,
+                      strategy: str, source: str) -> None:
+        """The client's response head, from the upstream one."""
+        extra = ctx.extra_headers
+        if self.settings.route_header:
+            extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
+        if ctx.explain is not None:
+            extra.append((b"x-flexinfer-explain", ctx.explain))
+        resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
+
+    def _begin(self, up: UpstreamResponse, *, ep: Endpoint, strategy: str, source: str,
+               began: list[UpstreamResponse], resp: ResponseWriter, ctx: RequestContext, stats: Any) -> None:
+        """The head callback of a plain exchange (no SSE answer opened before): the token tap, the
+        client's head and the relay start in the upstream read that carried the head, so its first
+        body bytes go out in that read too instead of a loop turn later, when ``forward`` resumes
+        (under load a turn serves every ready connection: milliseconds). The replica is released
+        when the body is complete, before the relay's last write, as on the other path."""
+        began.append(up)
+        up.when_complete(self.router.release, ep)
+        if ctx.tokens is not None:
+            tap = ctx.tokens.tap
+            tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
+        self._start_client(up, resp, ctx, ep, strategy, source)
+        up.start_relay(resp)
+        stats.observe_ttfb(time.perf_counter() - ctx.t0)
+
     async def forward(self, req: Request, resp: ResponseWriter, ctx: RequestContext, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
         metrics = self.metrics
         stats = metrics.model(view.name)
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
+        begun = False  # the head callback answered the client already (_begin)
         try:
             path = f"{ctx.path}?{req.query}" if req.query else ctx.path
             if view.disaggregated:  # prefill on one replica, then this exchange with a decode replica
                 up, ep, strategy, source = await self.disagg.send(req, ctx, path, view, data, headers, body)
-            else:
+            elif ctx.sse_open:
                 up, ep, strategy, source = await self._send(req, path, view, data, headers, body)
+            else:  # the client's head and first body bytes leave from the upstream read of the head
+                up, ep, strategy, source = await self._send(req, path, view, data, headers, body, on_head=partial(
+                    self._begin, resp=resp, ctx=ctx, stats=stats))
+                begun = resp.started
             # the replica's load drops when its answer is complete, before the client has the last
             # byte: a client's next request (same session) sees the replica idle, not still busy
-            up.when_complete(self.router.release, ep)
-            if ctx.tokens is not None:  # token limits: watch the body for its usage
-                tap = ctx.tokens.tap
-                tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
+            if not begun:
+                up.when_complete(self.router.release, ep)
+                if ctx.tokens is not None:  # token limits: watch the body for its usage
+                    tap = ctx.tokens.tap
+                    tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
             try:
                 if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
                     if up.status != 200:
                         await self._error_into_stream(up, resp, view)
                         return
-                else:
-                    extra = ctx.extra_headers
-                    if self.settings.route_header:
-                        extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
-                    if ctx.explain is not None:
-                        extra.append((b"x-flexinfer-explain", ctx.explain))
-                    resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
-                stats.observe_ttfb(time.perf_counter() - ctx.t0)
+                elif not begun:
+                    self._start_client(up, resp, ctx, ep, strategy, source)
+                if not begun:
+                    stats.observe_ttfb(time.perf_counter() - ctx.t0)
                 try:
                     await up.relay(resp)
                 except UpstreamError as exc:

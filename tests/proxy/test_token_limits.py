@@ -169,14 +169,15 @@ def test_limits_off_set_no_tap(stack: Stack, connect: Callable[..., openai.OpenA
 
 
 def test_limits_on_tap_every_relay(stack: Stack, connect: Callable[..., openai.OpenAI], monkeypatch: pytest.MonkeyPatch) -> None:
+    # the relay starts from the upstream read of the head (start_relay), before the client has a byte
     taps: list[object] = []
-    relay = UpstreamResponse.relay
+    start_relay = UpstreamResponse.start_relay
 
-    async def spy(self: UpstreamResponse, writer: Any) -> int:
+    def spy(self: UpstreamResponse, writer: Any) -> bool:
         taps.append(self.tap)
-        return await relay(self, writer)
+        return start_relay(self, writer)
 
-    monkeypatch.setattr(UpstreamResponse, "relay", spy)
+    monkeypatch.setattr(UpstreamResponse, "start_relay", spy)
     stack.start_proxy([model("m", stack.stub)], fast_settings(token_limit_model_tpm=6000))
     client = connect()
     chat(client)

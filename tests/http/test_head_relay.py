@@ -1,0 +1,119 @@
+"""The relay started from the upstream head callback (``UpstreamPool.request(on_head=...)`` +
+``UpstreamResponse.start_relay``): the client gets the head and the first body bytes from the
+upstream read that carried them, before the task awaiting the head resumes; a failing callback
+fails the exchange and the connection is not reused; a finished stream's connection is reused."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from flexinfer.http.client import UpstreamPool, UpstreamResponse
+from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.settings import UpstreamSettings
+from tests.http._support import HOST, BackendConn, RawBackend, RecordingHandler, read_request, serve
+
+FAST = UpstreamSettings(connect_timeout=1.0, response_timeout=2.0, stream_idle_timeout=2.0,
+                        pool_idle_timeout=5.0)
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _event(i: int) -> bytes:
+    ev = b"data: %d\n\n" % i
+    return b"%x\r\n%b\r\n" % (len(ev), ev)
+
+
+def _early_handler(pool: UpstreamPool, order: list[str], results: list[int]) -> RecordingHandler:
+    handler = RecordingHandler()
+
+    async def forward(req: Request, resp: ResponseWriter) -> None:
+        def on_head(up: UpstreamResponse) -> None:
+            resp.start(up.status, [(b"content-type", b"text/event-stream")], up.content_length)
+            order.append("head")
+            assert up.start_relay(resp)
+
+        up = await pool.request("GET", "/", [], b"", on_head=on_head)
+        order.append("resumed")
+        results.append(await up.relay(resp))
+
+    handler.upstream = forward
+    return handler
+
+
+async def test_first_event_leaves_before_the_task_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = asyncio.Event()
+
+    async def sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(HEAD + _event(0))  # the head and the first event in one write (one read)
+            await release.wait()
+            release.clear()
+            writer.write(_event(1) + b"0\r\n\r\n")
+
+    order: list[str] = []
+    results: list[int] = []
+    orig_write = ResponseWriter.write
+
+    def write(self: ResponseWriter, data: bytes) -> None:
+        order.append("write")
+        orig_write(self, data)
+
+    monkeypatch.setattr(ResponseWriter, "write", write)
+    async with RawBackend(sse) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(_early_handler(pool, order, results)) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            for _ in range(2):  # the second request reuses the connection of the finished stream
+                writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+                await reader.readuntil(b"data: 0\n\n")  # while the backend holds the rest back
+                assert order[:3] == ["head", "write", "resumed"], order
+                release.set()
+                await reader.readuntil(b"0\r\n\r\n")
+                order.clear()
+            writer.close()
+        assert len(backend.conns) == 1
+        assert results == [len(b"data: 0\n\ndata: 1\n\n")] * 2
+        await pool.close()
+
+
+async def test_a_failing_head_callback_fails_the_exchange_and_closes_the_connection() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(HEAD + _event(0) + b"0\r\n\r\n")
+
+    def boom(up: UpstreamResponse) -> None:
+        raise LookupError("the caller's own failure")
+
+    async with RawBackend(answer) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        with pytest.raises(LookupError):
+            await pool.request("GET", "/", [], b"", on_head=boom)
+        assert pool.active == 0 and pool.idle == 0  # never reused
+        up = await pool.request("GET", "/", [], b"")  # the pool goes on, on a new connection
+        assert await up.read_all(1 << 16) == b"data: 0\n\n"
+        assert len(backend.conns) == 2
+        await pool.close()
+
+
+async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    got: list[Any] = []
+    async with RawBackend(answer) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        up = await pool.request("GET", "/", [], b"")
+        got.append(await up.read_all(16))
+
+        class _Writer:  # never touched: start_relay must refuse before using it
+            started = True
+            disconnected = False
+
+        assert not up.start_relay(_Writer())  # type: ignore[arg-type]
+        assert got == [b"ok"]
+        await pool.close()
