@@ -114,7 +114,9 @@ class UpstreamSettings:
     stream_idle_timeout: float = _f(300.0, "PROXY_STREAM_IDLE_TIMEOUT", "Longest silence inside a body.")
     pool_idle_timeout: float = _f(4.0, "PROXY_POOL_IDLE_TIMEOUT",
                                   "Idle pooled connection lifetime; below the ~5 s keep-alive of backends.")
-    pool_max_idle: int = _f(64, "PROXY_POOL_MAX_IDLE", "Idle connections kept per backend.")
+    pool_max_idle: int = _f(256, "PROXY_POOL_MAX_IDLE",
+                            "Idle connections kept per backend: above the streams served at once, so a burst's "
+                            "connections are reused, not closed at checkin (each closes after the idle timeout).")
     pool_check_after: float = _f(0.05, "PROXY_POOL_CHECK_AFTER",
                                  "A pooled connection idle this long is polled for a FIN/RST before reuse (0: always).")
     read_buffer_high: int = _f(64 * KiB, None, "Buffered upstream bytes before reading pauses.")
