@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import orjson
@@ -107,12 +105,11 @@ class Forwarder:
 
     async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
                     headers: list[tuple[bytes, bytes]], body: bytes,
-                    first: tuple[Endpoint, str, str] | None = None,
-                    on_head: Callable[..., None] | None = None
+                    first: tuple[Endpoint, str, str] | None = None, begin: _Begin | None = None
                     ) -> tuple[UpstreamResponse, Endpoint, str, str]:
         """Open the upstream exchange; one retry on another replica if the first refused us.
         ``first``: a pick made already (the disaggregated flow picks the decode replica early).
-        ``on_head(up, ep, strategy, source)``: run from the upstream read that carried the head."""
+        ``begin``: the client's answer starts from the upstream read that carried the head."""
         exclude: frozenset[str] = frozenset()
         while True:
             try:
@@ -127,9 +124,11 @@ class Forwarder:
             pool = self.pools.get(ep.host, ep.port)
             self.router.acquire(ep)
             try:
-                began: list[UpstreamResponse] = []  # the response the head callback saw
-                up = await pool.request(req.method, path, headers, body, on_head=None if on_head is None else
-                                        partial(on_head, ep=ep, strategy=strategy, source=source, began=began))
+                if begin is None:
+                    up = await pool.request(req.method, path, headers, body)
+                else:
+                    begin.ep, begin.strategy, begin.source = ep, strategy, source
+                    up = await pool.request(req.method, path, headers, body, on_head=begin.on_head)
             except UpstreamConnectError as exc:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason).inc()
@@ -145,7 +144,7 @@ class Forwarder:
                 self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
                 raise _map_upstream(exc, view) from None
             except BaseException:  # cancelled: after the head callback, its when_complete may have released
-                if not (began and began[0].complete_notified):
+                if begin is None or begin.up is None or not begin.up.complete_notified:
                     self.router.release(ep)
                 raise
             if self.router.ejector is not None:
@@ -185,22 +184,6 @@ class Forwarder:
             extra.append((b"x-flexinfer-explain", ctx.explain))
         resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
 
-    def _begin(self, up: UpstreamResponse, *, ep: Endpoint, strategy: str, source: str,
-               began: list[UpstreamResponse], resp: ResponseWriter, ctx: RequestContext, stats: Any) -> None:
-        """The head callback of a plain exchange (no SSE answer opened before): the token tap, the
-        client's head and the relay start in the upstream read that carried the head, so its first
-        body bytes go out in that read too instead of a loop turn later, when ``forward`` resumes
-        (under load a turn serves every ready connection: milliseconds). The replica is released
-        when the body is complete, before the relay's last write, as on the other path."""
-        began.append(up)
-        up.when_complete(self.router.release, ep)
-        if ctx.tokens is not None:
-            tap = ctx.tokens.tap
-            tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
-        self._start_client(up, resp, ctx, ep, strategy, source)
-        up.start_relay(resp)
-        stats.observe_ttfb(time.perf_counter() - ctx.t0)
-
     async def forward(self, req: Request, resp: ResponseWriter, ctx: RequestContext, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
         metrics = self.metrics
@@ -215,8 +198,8 @@ class Forwarder:
             elif ctx.sse_open:
                 up, ep, strategy, source = await self._send(req, path, view, data, headers, body)
             else:  # the client's head and first body bytes leave from the upstream read of the head
-                up, ep, strategy, source = await self._send(req, path, view, data, headers, body, on_head=partial(
-                    self._begin, resp=resp, ctx=ctx, stats=stats))
+                up, ep, strategy, source = await self._send(req, path, view, data, headers, body,
+                                                            begin=_Begin(self, resp, ctx, stats))
                 begun = resp.started
             # the replica's load drops when its answer is complete, before the client has the last
             # byte: a client's next request (same session) sees the replica idle, not still busy
@@ -283,3 +266,34 @@ def _map_upstream(exc: UpstreamError, view: ModelView) -> errors.FlexInferError:
             "before answering; it was not sent again because the engine may have run it",
             code="upstream_not_replayed")
     return errors.BadGateway(f"model {view.name!r}: upstream error ({reason})")
+
+
+class _Begin:
+    """The head callback of a plain exchange (no SSE answer opened before): the token tap, the
+    client's head and the relay start in the upstream read that carried the head, so its first body
+    bytes go out in that read too instead of a loop turn later, when ``forward`` resumes (under load
+    a turn serves every ready connection: milliseconds). The replica is released when the body is
+    complete, before the relay's last write, as on the other path. One small object per request:
+    ``_send`` fills in the pick before it sends."""
+
+    __slots__ = ("ctx", "ep", "fwd", "resp", "source", "stats", "strategy", "up")
+
+    def __init__(self, fwd: Forwarder, resp: ResponseWriter, ctx: RequestContext, stats: Any) -> None:
+        self.fwd = fwd
+        self.resp = resp
+        self.ctx = ctx
+        self.stats = stats
+        self.ep: Endpoint = None  # type: ignore[assignment]  # set by _send before the request leaves
+        self.strategy = self.source = ""
+        self.up: UpstreamResponse | None = None  # the response whose head came in
+
+    def on_head(self, up: UpstreamResponse) -> None:
+        self.up = up
+        fwd, ctx, resp = self.fwd, self.ctx, self.resp
+        up.when_complete(fwd.router.release, self.ep)
+        if ctx.tokens is not None:
+            tap = ctx.tokens.tap
+            tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
+        fwd._start_client(up, resp, ctx, self.ep, self.strategy, self.source)
+        up.start_relay(resp)
+        self.stats.observe_ttfb(time.perf_counter() - ctx.t0)
