@@ -12,8 +12,10 @@ The hook installed by :func:`install` puts the ``.py`` first instead when
 
 * ``FLEXINFER_NO_EXTENSIONS`` is set (anything but ``""``/``"0"``, the rule of ``setup.py`` and
   ``flexinfer._speedups``): the pure-Python test run and pure installs; or
-* the ``.py`` is newer than its compiled module (an edited source after the last ``make ext``):
-  stale compiled code never shadows the source you are reading. ``make ext`` rebuilds it.
+* any module of the list has a ``.py`` newer than its compiled build (an edited source after the
+  last ``make ext``): stale compiled code never shadows the source you are reading, and the builds,
+  which import each other's extension types, are used all together or not at all. ``make ext``
+  rebuilds them.
 """
 
 from __future__ import annotations
@@ -46,8 +48,7 @@ MODULES: tuple[str, ...] = (
 
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 
-_NAMES = frozenset(MODULES)
-#: Modules whose compiled build was older than the source when they were imported.
+#: Modules whose compiled build was older than the source when the request path was imported.
 _stale: list[str] = []
 
 
@@ -59,30 +60,64 @@ def _compiled_path(directory: str, leaf: str) -> str | None:
     return None
 
 
+def _package_dir() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _files(name: str, root: str) -> tuple[str, str | None]:
+    """The source of ``name`` (a dotted name under the package at ``root``) and its build, if any."""
+    parts = name.split(".")
+    directory = os.path.join(root, *parts[1:-1])
+    return os.path.join(directory, parts[-1] + ".py"), _compiled_path(directory, parts[-1])
+
+
+def _is_stale(source: str, built: str) -> bool:
+    return os.path.exists(source) and os.stat(built).st_mtime < os.stat(source).st_mtime
+
+
 class _SourceFirst:
     """A meta-path finder for :data:`MODULES` only: the ``.py`` when the compiled build must not
-    be used (see the module docstring), else nothing (Python's own finder loads the build)."""
+    be used (see the module docstring), else nothing (Python's own finder loads the build).
+
+    The builds go together (one extension type derives from another's, and a build checks the
+    types it imports), so when one module's build is stale, every module of the list loads
+    from its source."""
+
+    names: frozenset[str] = frozenset(MODULES)
+    _all_source: bool | None = None  # decided once, at the first module of the list
 
     @classmethod
     def find_spec(cls, fullname: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> ModuleSpec | None:
-        if fullname not in _NAMES or not path:
+        if fullname not in cls.names or not path:
             return None
         leaf = fullname.rpartition(".")[2]
         for directory in path:
             source = os.path.join(directory, leaf + ".py")
             if not os.path.exists(source):
                 continue
-            built = _compiled_path(directory, leaf)
-            if built is None:
+            if _compiled_path(directory, leaf) is None:
                 return None  # nothing compiled here: Python's own finder loads the source
-            if not NO_EXTENSIONS:
-                if os.stat(built).st_mtime >= os.stat(source).st_mtime:
-                    return None
-                _stale.append(fullname)
+            if not cls._source_wanted(fullname, directory):
+                return None
             loader = importlib.machinery.SourceFileLoader(fullname, source)
             return importlib.util.spec_from_file_location(fullname, source, loader=loader)
         return None
+
+    @classmethod
+    def _source_wanted(cls, fullname: str, directory: str) -> bool:
+        if NO_EXTENSIONS:
+            return True
+        if cls._all_source is None:
+            root = directory
+            for _ in range(fullname.count(".") - 1):
+                root = os.path.dirname(root)
+            for name in sorted(cls.names):
+                source, built = _files(name, root)
+                if built is not None and _is_stale(source, built):
+                    _stale.append(name)
+            cls._all_source = bool(_stale)
+        return cls._all_source
 
 
 def install() -> None:
@@ -95,13 +130,10 @@ def _uses_build(name: str) -> bool:
     """Whether importing ``name`` loads its compiled build (by the files, without importing it)."""
     if NO_EXTENSIONS:
         return False
-    parts = name.split(".")
-    directory = os.path.join(os.path.dirname(os.path.abspath(__file__)), *parts[1:-1])
-    source = os.path.join(directory, parts[-1] + ".py")
-    built = _compiled_path(directory, parts[-1])
-    if built is None:
+    root = _package_dir()
+    if _files(name, root)[1] is None:
         return False
-    return not os.path.exists(source) or os.stat(built).st_mtime >= os.stat(source).st_mtime
+    return not any(b is not None and _is_stale(s, b) for s, b in (_files(n, root) for n in MODULES))
 
 
 def implementation() -> dict[str, str]:

@@ -3,6 +3,7 @@ loads from, the env switch, stale builds, and the modules the build covers."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import os
@@ -59,61 +60,128 @@ def test_the_build_is_the_default_when_built() -> None:
         assert set(impl.values()) == {"c"} and top == "c"
 
 
-def _fake_package(tmp_path: Path, source_newer: bool) -> tuple[str, Path]:
-    """A package with ``mod.py`` and a (bogus) compiled ``mod`` beside it: loading the bogus file
-    would fail, so a successful import proves the source was chosen."""
+def _fake_package(tmp_path: Path, newer: tuple[str, ...], leaves: tuple[str, ...] = ("mod",)) -> Path:
+    """A package whose modules each have a ``.py`` and a bogus compiled file beside it (loading the
+    bogus file fails, so a successful import proves the source was chosen); the sources in ``newer``
+    are newer than their builds."""
     pkg = tmp_path / "fakepkg_compiled"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    source = pkg / "mod.py"
-    source.write_text("WHERE = 'source'\n")
-    build = pkg / ("mod" + importlib.machinery.EXTENSION_SUFFIXES[0])
-    build.write_bytes(b"not an extension module")
     now = time.time()
-    os.utime(source, (now, now + (10 if source_newer else -10)))
-    os.utime(build, (now, now))
-    return "fakepkg_compiled.mod", source
+    for leaf in leaves:
+        source = pkg / f"{leaf}.py"
+        source.write_text("WHERE = 'source'\n")
+        build = pkg / (leaf + importlib.machinery.EXTENSION_SUFFIXES[0])
+        build.write_bytes(b"not an extension module")
+        os.utime(source, (now, now + (10 if leaf in newer else -10)))
+        os.utime(build, (now, now))
+    return pkg
 
 
 @pytest.fixture
-def fake_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The hook, pointed at the fake package's modules only."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(_compiled, "_stale", [])
-    yield
+    monkeypatch.setattr(_compiled._SourceFirst, "_all_source", None)
+    monkeypatch.setattr(_compiled, "NO_EXTENSIONS", False)
+
+    def names(*leaves: str) -> None:
+        monkeypatch.setattr(_compiled._SourceFirst, "names", frozenset(f"fakepkg_compiled.{n}" for n in leaves))
+
+    yield names
     for name in [n for n in sys.modules if n.startswith("fakepkg_compiled")]:
         del sys.modules[name]
 
 
-def test_a_source_newer_than_its_build_is_loaded_and_reported(fake_names: None, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    name, source = _fake_package(tmp_path, source_newer=True)
-    monkeypatch.setattr(_compiled, "_NAMES", frozenset({name}))
-    monkeypatch.setattr(_compiled, "NO_EXTENSIONS", False)
-    module = importlib.import_module(name)
-    assert module.WHERE == "source" and module.__file__ == str(source)
-    assert _compiled.stale() == [name]
+def test_a_source_newer_than_its_build_is_loaded_and_reported(fake, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pkg = _fake_package(tmp_path, newer=("mod",))
+    fake("mod")
+    module = importlib.import_module("fakepkg_compiled.mod")
+    assert module.WHERE == "source" and module.__file__ == str(pkg / "mod.py")
+    assert _compiled.stale() == ["fakepkg_compiled.mod"]
 
 
-def test_the_switch_loads_the_source_of_a_fresh_build(fake_names: None, tmp_path: Path,
+def test_one_stale_build_sends_the_whole_list_to_source(fake, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pkg = _fake_package(tmp_path, newer=("b",), leaves=("a", "b"))
+    fake("a", "b")
+    # "a"'s build is fresh, but it goes with "b"'s stale one: both load from source
+    assert importlib.import_module("fakepkg_compiled.a").__file__ == str(pkg / "a.py")
+    assert importlib.import_module("fakepkg_compiled.b").__file__ == str(pkg / "b.py")
+    assert _compiled.stale() == ["fakepkg_compiled.b"]
+
+
+def test_the_switch_loads_the_source_of_a_fresh_build(fake, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    name, source = _fake_package(tmp_path, source_newer=False)
-    monkeypatch.setattr(_compiled, "_NAMES", frozenset({name}))
+    pkg = _fake_package(tmp_path, newer=())
+    fake("mod")
     monkeypatch.setattr(_compiled, "NO_EXTENSIONS", True)
-    assert importlib.import_module(name).__file__ == str(source)
+    assert importlib.import_module("fakepkg_compiled.mod").__file__ == str(pkg / "mod.py")
     assert _compiled.stale() == []
 
 
-def test_a_fresh_build_is_left_to_pythons_finder(fake_names: None, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    name, _ = _fake_package(tmp_path, source_newer=False)
-    monkeypatch.setattr(_compiled, "_NAMES", frozenset({name}))
-    monkeypatch.setattr(_compiled, "NO_EXTENSIONS", False)
+def test_fresh_builds_are_left_to_pythons_finder(fake, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _fake_package(tmp_path, newer=(), leaves=("a", "b"))
+    fake("a", "b")
     importlib.import_module("fakepkg_compiled")
     pkg_path = sys.modules["fakepkg_compiled"].__path__
-    assert _compiled._SourceFirst.find_spec(name, pkg_path) is None
+    assert _compiled._SourceFirst.find_spec("fakepkg_compiled.a", pkg_path) is None
     with pytest.raises(ImportError):  # Python's own finder takes the (bogus) build
-        importlib.import_module(name)
+        importlib.import_module("fakepkg_compiled.a")
+    assert _compiled.stale() == []
 
 
 def test_names_outside_the_list_are_not_touched(tmp_path: Path) -> None:
     assert _compiled._SourceFirst.find_spec("json.decoder", [str(tmp_path)]) is None
+
+
+def _pxd_classes(path: Path) -> dict[str, tuple[str | None, set[str]]]:
+    """Each ``cdef class`` of a .pxd: its declared base (or None) and its declared attributes."""
+    out: dict[str, tuple[str | None, set[str]]] = {}
+    current = ""
+    for line in path.read_text().splitlines():
+        if line.startswith("cdef class "):
+            head = line.removeprefix("cdef class ").rstrip(":")
+            current, _, base = head.partition("(")
+            out[current] = (base.rstrip(")") or None, set())
+        elif line.strip().startswith("cdef public object "):
+            names = line.strip().removeprefix("cdef public object ").split(",")
+            out[current][1].update(n.strip() for n in names)
+    return out
+
+
+def _source_attrs(path: Path) -> dict[str, set[str]]:
+    """Per class of a source file, read from its AST (a build may keep neither): ``__slots__`` and
+    the class-level annotations (a mixin's attributes that its subclass owns)."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            names: set[str] = set()
+            for item in node.body:
+                if (isinstance(item, ast.Assign) and len(item.targets) == 1
+                        and isinstance(item.targets[0], ast.Name) and item.targets[0].id == "__slots__"):
+                    names.update(ast.literal_eval(item.value))
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+            out[node.name] = names
+    return out
+
+
+def test_every_pxd_declares_exactly_the_attributes_of_its_classes() -> None:
+    """A .pxd's class holds its source's slots and annotated attributes, less those its declared
+    base holds: a slot added to the source and not to the .pxd fails here, not at run time."""
+    pxds = [p for p in sorted(ROOT.joinpath("flexinfer").rglob("*.pxd")) if "_speedups" not in p.parts]
+    assert pxds, "no .pxd of the request path"
+    declared: dict[str, set[str]] = {}
+    classes: list[tuple[Path, str, str | None, set[str]]] = []
+    for pxd in pxds:
+        name = ".".join(pxd.relative_to(ROOT).with_suffix("").parts)
+        assert name in _compiled.MODULES, f"{pxd}: a .pxd for a module that is not compiled"
+        attrs = _source_attrs(pxd.with_suffix(".py"))
+        for cls_name, (base, names) in _pxd_classes(pxd).items():
+            declared[cls_name] = names
+            classes.append((pxd, cls_name, base, attrs[cls_name]))
+    for pxd, cls_name, base, source in classes:
+        inherited = declared[base] if base else set()
+        assert not (declared[cls_name] & inherited), (pxd, cls_name, "declared twice")
+        assert declared[cls_name] == source - inherited, (pxd, cls_name)

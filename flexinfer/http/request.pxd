@@ -1,6 +1,6 @@
-# Cython declarations that compile request.py's classes as extension types (attributes in C
-# slots, not dicts); the .py stays the pure twin. Every attribute is a public object: Python
-# semantics and visibility as in the source.
+# The compiled build of request.py: Request, ResponseWriter as extension types (attributes in C
+# slots, not dict lookups). The .py is the pure twin; every slot is a public object, so semantics and
+# visibility are the source's. Keep each list equal to the class's __slots__ (tests/test_compiled.py).
 cdef class Request:
     cdef public object body, content_type, ctx, headers, keep_alive, method, path, peer, query, target, version
 
