@@ -8,7 +8,7 @@ The verdict itself is :func:`bench.gate_judge.judge` (pure, with the thresholds)
 Must not: edit the repository's tracked files, measure wall time as the judged figure (CPU time per
 request and TTFE are), or pass when it could not measure (a missing baseline commit is an error).
 
-Knobs (environment): ``GATE_ROUNDS`` (default 6), ``GATE_SECONDS`` (measured window per load, 2),
+Knobs (environment): ``GATE_ROUNDS`` (default 8), ``GATE_SECONDS`` (measured window per load, 2),
 ``GATE_WARMUP`` (seconds of load before each window, 1), ``GATE_MICRO=0`` skips the micro suites,
 ``GATE_BASELINE`` overrides the sha of ``bench/baseline.ref``.
 Exit status: 0 pass, 1 regression, 2 could not run.
@@ -147,9 +147,11 @@ def lua(path: Path, body: str) -> None:
 
 
 def wrk(port: int, script: Path, seconds: float, core: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(["taskset", "-c", core, "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s",
-                             "-s", str(script), f"http://127.0.0.1:{port}/v1/chat/completions"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(["taskset", "-c", core, "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s",
+                          "-s", str(script), f"http://127.0.0.1:{port}/v1/chat/completions"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    renice(p.pid, NICE_RUN)
+    return p
 
 
 def wrk_counts(out: str) -> tuple[int, int]:
@@ -167,6 +169,25 @@ def wrk_counts(out: str) -> tuple[int, int]:
     if m3:
         errors += sum(int(x) for x in m3.groups())
     return int(m.group(1)), errors
+
+
+#: scheduling priorities (nice) of the measured processes, raised above any foreign load on the shared
+#: cores; the probe highest, so that its own wake-ups are not what it measures. Needs root (CI, this
+#: machine); without it they stay at 0 and the gate says so.
+NICE_RUN, NICE_PROBE = -10, -15
+_nice_warned = False
+
+
+def renice(pid: int, value: int) -> None:
+    global _nice_warned
+    try:
+        psutil.Process(pid).nice(value)
+    except (psutil.AccessDenied, PermissionError):
+        if not _nice_warned:
+            print("gate: WARNING cannot raise priorities (not root): foreign load will add noise", flush=True)
+            _nice_warned = True
+    except psutil.NoSuchProcess:
+        pass
 
 
 def cpu(p: psutil.Process) -> float:
@@ -190,7 +211,8 @@ def measure(port: int, proc: psutil.Process, scripts: dict[str, Path], seconds: 
         if kind == "stream":
             probe = subprocess.Popen(["taskset", "-c", load_core, sys.executable, str(ROOT / "bench" / "ttfe_probe.py"),
                                       "--port", str(port), "--duration", str(max(0.5, round(seconds) - 0.6)),
-                                      "--delay", "0.3"], stdout=subprocess.PIPE, text=True)
+                                      "--delay", "0.3", "--connections", "4"], stdout=subprocess.PIPE, text=True)
+            renice(probe.pid, NICE_PROBE)
         c0 = cpu(proc)
         w = wrk(port, scripts[kind], seconds, load_core)
         out = w.communicate(timeout=seconds + 30)[0]
@@ -254,6 +276,7 @@ def macro(sides: list[Side], rounds: int, seconds: float, warmup: float, tmp: Pa
         backend = subprocess.Popen(["taskset", "-c", load_core, sys.executable, str(ROOT / "bench" / "gate_backend.py"),
                                     "--port", str(backend_port)])
         procs.append(backend)
+        renice(backend.pid, NICE_RUN)
         wait_port(backend_port, backend)
         ports: dict[str, tuple[int, psutil.Process]] = {}
         for side in sides:
@@ -263,6 +286,7 @@ def macro(sides: list[Side], rounds: int, seconds: float, warmup: float, tmp: Pa
                                   "--port", str(port), "--workers", "1"],
                                  cwd=side.root, env=side.env, stdout=subprocess.DEVNULL)
             procs.append(p)
+            renice(p.pid, NICE_RUN)
             wait_port(port, p)
             ports[side.name] = (port, psutil.Process(p.pid))
         out: list[dict[str, Any]] = []
@@ -319,7 +343,7 @@ def micro(side: Side, tmp: Path) -> dict[str, float]:
 
 def main() -> int:
     t_start = time.monotonic()
-    rounds = int(env_float("GATE_ROUNDS", 6))
+    rounds = int(env_float("GATE_ROUNDS", 8))
     seconds = env_float("GATE_SECONDS", 2)
     warmup = env_float("GATE_WARMUP", 1)
     if rounds < 3:
