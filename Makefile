@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image
+.PHONY: run test gate bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,16 @@ run: ext llama
 	@echo
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
-test: ext llama redis-server
+test: ext llama redis-server wrk
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
 	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py
+	@echo "==> the benchmark gate: HEAD against bench/baseline.ref (docs/benchmarks.md)"
+	$(PY) bench/gate.py
+
+# The benchmark gate alone (knobs: GATE_ROUNDS, GATE_SECONDS, GATE_WARMUP, GATE_MICRO=0, GATE_BASELINE).
+gate: ext wrk
+	$(PY) bench/gate.py
 
 bench: ext wrk redis-server
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only
