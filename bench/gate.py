@@ -8,7 +8,8 @@ The verdict itself is :func:`bench.gate_judge.judge` (pure, with the thresholds)
 Must not: edit the repository's tracked files, measure wall time as the judged figure (CPU time per
 request and TTFE are), or pass when it could not measure (a missing baseline commit is an error).
 
-Knobs (environment): ``GATE_ROUNDS`` (default 8), ``GATE_SECONDS`` (measured window per load, 2),
+Knobs (environment): ``GATE_ROUNDS`` (default 8), ``GATE_SECONDS`` (measured window per load, 3),
+``GATE_RATE`` (offered requests per second, paced by wrk's ``delay()``, 2500),
 ``GATE_WARMUP`` (seconds of load before each window, 1), ``GATE_MICRO=0`` skips the micro suites,
 ``GATE_BASELINE`` overrides the sha of ``bench/baseline.ref``.
 Exit status: 0 pass, 1 regression, 2 could not run.
@@ -40,6 +41,12 @@ RESULTS = ROOT / "bench" / "results" / "gate.json"
 MICRO_SUITES = ("bench/bench_http.py", "bench/bench_speedups.py", "bench/bench_scheduler.py")
 CONNECTIONS = 64
 CHARS = 1000
+#: Offered load, requests per second over all connections (GATE_RATE). Not a closed loop at full
+#: speed: on two cores that may be SMT siblings, a faster proxy draws more load-core work, which
+#: slows the proxy's own core, and its CPU per request then tracks 1/throughput (a saturated proxy
+#: measures at 100 % of its core whatever its cost). At the same paced load on both sides, neither
+#: proxy is saturated and CPU time per request compares the code.
+RATE = 2500.0
 
 
 class GateError(Exception):
@@ -141,9 +148,12 @@ def check_side(side: Side) -> None:
 
 # ---- the macro run -------------------------------------------------------------------------------
 
-def lua(path: Path, body: str) -> None:
+def lua(path: Path, body: str, delay_ms: float) -> None:
+    """A wrk script POSTing ``body``; each connection waits ``delay_ms`` before its next request
+    (wrk's ``delay()`` hook), so both sides get the same offered load (see RATE)."""
     path.write_text('wrk.method = "POST"\n' f"wrk.body = {json.dumps(body)}\n"
-                    'wrk.headers["Content-Type"] = "application/json"\n')
+                    'wrk.headers["Content-Type"] = "application/json"\n'
+                    f"function delay()\n  return {delay_ms:.3f}\nend\n")
 
 
 def wrk(port: int, script: Path, seconds: float, core: str) -> subprocess.Popen[str]:
@@ -270,7 +280,7 @@ def macro(sides: list[Side], rounds: int, seconds: float, warmup: float, tmp: Pa
     for kind, extra in (("nonstream", ""), ("stream", ',"stream":true')):
         body = json.dumps({"model": "gate", "messages": [{"role": "user", "content": "x" * CHARS}]})
         scripts[kind] = tmp / f"{kind}.lua"
-        lua(scripts[kind], body[:-1] + extra + "}")
+        lua(scripts[kind], body[:-1] + extra + "}", CONNECTIONS / env_float("GATE_RATE", RATE) * 1000)
     procs: list[subprocess.Popen[Any]] = []
     try:
         backend = subprocess.Popen(["taskset", "-c", load_core, sys.executable, str(ROOT / "bench" / "gate_backend.py"),
@@ -344,7 +354,7 @@ def micro(side: Side, tmp: Path) -> dict[str, float]:
 def main() -> int:
     t_start = time.monotonic()
     rounds = int(env_float("GATE_ROUNDS", 8))
-    seconds = env_float("GATE_SECONDS", 2)
+    seconds = env_float("GATE_SECONDS", 3)
     warmup = env_float("GATE_WARMUP", 1)
     if rounds < 3:
         raise GateError("GATE_ROUNDS must be at least 3")
