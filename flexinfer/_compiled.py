@@ -12,10 +12,10 @@ The hook installed by :func:`install` puts the ``.py`` first instead when
 
 * ``FLEXINFER_NO_EXTENSIONS`` is set (anything but ``""``/``"0"``, the rule of ``setup.py`` and
   ``flexinfer._speedups``): the pure-Python test run and pure installs; or
-* any module of the list has a ``.py`` newer than its compiled build (an edited source after the
-  last ``make ext``): stale compiled code never shadows the source you are reading, and the builds,
-  which import each other's extension types, are used all together or not at all. ``make ext``
-  rebuilds them.
+* in a source checkout, any module of the list has a ``.py`` newer than its compiled build (an
+  edited source after the last ``make ext``): stale compiled code never shadows the source you are
+  reading, and the builds, which import each other's extension types, are used all together or not
+  at all. ``make ext`` rebuilds them. (An installed package is trusted as installed.)
 """
 
 from __future__ import annotations
@@ -71,8 +71,16 @@ def _files(name: str, root: str) -> tuple[str, str | None]:
     return os.path.join(directory, parts[-1] + ".py"), _compiled_path(directory, parts[-1])
 
 
+def _in_checkout() -> bool:
+    """A source checkout (``setup.py`` beside the package), where sources get edited after a build.
+    An installed package is left alone: an installer writes its files in any order, so their
+    times say nothing about which came from which."""
+    return os.path.exists(os.path.join(os.path.dirname(_package_dir()), "setup.py"))
+
+
 def _is_stale(source: str, built: str) -> bool:
-    return os.path.exists(source) and os.stat(built).st_mtime < os.stat(source).st_mtime
+    return (_CHECKOUT and os.path.exists(source)
+            and os.stat(built).st_mtime < os.stat(source).st_mtime)
 
 
 class _SourceFirst:
@@ -118,6 +126,10 @@ class _SourceFirst:
                     _stale.append(name)
             cls._all_source = bool(_stale)
         return cls._all_source
+
+
+#: Whether the stale check applies (a source checkout, see _in_checkout).
+_CHECKOUT: bool = _in_checkout()
 
 
 def install() -> None:

@@ -85,6 +85,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-un
     monkeypatch.setattr(_compiled, "_stale", [])
     monkeypatch.setattr(_compiled._SourceFirst, "_all_source", None)
     monkeypatch.setattr(_compiled, "NO_EXTENSIONS", False)
+    monkeypatch.setattr(_compiled, "_CHECKOUT", True)
 
     def names(*leaves: str) -> None:
         monkeypatch.setattr(_compiled._SourceFirst, "names", frozenset(f"fakepkg_compiled.{n}" for n in leaves))
@@ -109,6 +110,21 @@ def test_one_stale_build_sends_the_whole_list_to_source(fake, tmp_path: Path) ->
     assert importlib.import_module("fakepkg_compiled.a").__file__ == str(pkg / "a.py")
     assert importlib.import_module("fakepkg_compiled.b").__file__ == str(pkg / "b.py")
     assert _compiled.stale() == ["fakepkg_compiled.b"]
+
+
+def test_an_installed_package_is_trusted_as_installed(fake, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # an installer writes files in any order: outside a checkout, times are not compared
+    _fake_package(tmp_path, newer=("mod",))
+    fake("mod")
+    monkeypatch.setattr(_compiled, "_CHECKOUT", False)
+    with pytest.raises(ImportError):  # the (bogus) build is what Python's finder loads
+        importlib.import_module("fakepkg_compiled.mod")
+    assert _compiled.stale() == []
+
+
+def test_this_checkout_is_one() -> None:
+    assert _compiled._in_checkout()
 
 
 def test_the_switch_loads_the_source_of_a_fresh_build(fake, tmp_path: Path,  # type: ignore[no-untyped-def]
