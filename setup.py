@@ -60,7 +60,7 @@ def extensions() -> list:
     ]
     # the request path: each module compiled from its own .py (the source is the pure twin)
     request_path = [
-        Extension(name, [os.path.join(*name.split(".")) + ".py"], extra_compile_args=["-O2"])
+        Extension(name, [os.path.join(*name.split(".")) + ".py"], extra_compile_args=["-O2", "-g0"])
         for name in compiled_request_path(here)
     ]
     exts = cythonize(primitives, compiler_directives={"language_level": "3", "boundscheck": False,

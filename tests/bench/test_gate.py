@@ -91,3 +91,31 @@ def test_wrk_summary_parsed() -> None:
 def test_baseline_ref_names_one_commit() -> None:
     sha = baseline_sha()  # the real bench/baseline.ref of this checkout
     assert len(sha) == 40 and int(sha, 16) >= 0
+
+
+def _with_samples(r: list[dict[str, dict[str, object]]], base: list[list[float]], head: list[list[float]]) -> None:
+    """Put raw TTFE samples in each round and set its p99 from them, as the gate's measure() does."""
+    from bench.gate_judge import percentile
+
+    for rnd, b, h in zip(r, base, head, strict=True):
+        for side, samples in (("base", b), ("head", h)):
+            rnd[side] = {**rnd[side], "ttfe_ms": samples, "ttfe_p99_ms": percentile(samples, 0.99)}
+
+
+def test_ttfe_p99_is_judged_on_the_pooled_samples_too() -> None:
+    # 100 samples a window, so a window's p99 is its 2nd-largest sample: two slow first events in a
+    # window make it 12 ms, none leave it at 1 ms. Each side had 4 slow ones, in different rounds:
+    # the per-round ratios swing (median far above 1.25), the pooled p99s are equal: noise, it passes
+    calm, slow = [1.0] * 100, [1.0] * 98 + [12.0, 12.0]
+    r = rounds({}, n=4)
+    _with_samples(r, base=[slow, calm, calm, slow], head=[calm, slow, slow, calm])
+    v = judge(r)
+    row = next(x for x in v.rows if x.metric == "ttfe_p99_ms")
+    assert row.ratio > 1.25 and row.best_ratio == pytest.approx(1.0)
+    assert v.passed, v.failures
+    # every first event 30 % later on HEAD: both estimators see it
+    r = rounds({}, n=4)
+    samples = [[1.0 + i / 100 for i in range(200)]] * 4
+    _with_samples(r, base=samples, head=[[x * 1.3 for x in s] for s in samples])
+    v = judge(r)
+    assert not v.passed and v.failures[0].startswith("ttfe_p99_ms") and "pooled" in v.failures[0]
