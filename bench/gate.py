@@ -284,24 +284,24 @@ def macro(sides: list[Side], rounds: int, seconds: float, warmup: float, tmp: Pa
         procs.append(backend)
         renice(backend.pid, NICE_RUN)
         wait_port(backend_port, backend)
-        ports: dict[str, tuple[int, psutil.Process]] = {}
-        for side in sides:
-            port = free_port()
-            p = subprocess.Popen(["taskset", "-c", proxy_core, str(side.flexinfer), "--log-level", "warning",
-                                  "proxy", "-c", str(tmp / "inv.yaml"), "--host", "127.0.0.1",
-                                  "--port", str(port), "--workers", "1"],
-                                 cwd=side.root, env=side.env, stdout=subprocess.DEVNULL)
-            procs.append(p)
-            renice(p.pid, NICE_RUN)
-            wait_port(port, p)
-            ports[side.name] = (port, psutil.Process(p.pid))
         out: list[dict[str, Any]] = []
         for r in range(rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             rnd: dict[str, Any] = {"order": "".join("A" if s.name == "base" else "B" for s in order)}
             for side in order:
-                port, proc = ports[side.name]
-                rnd[side.name] = measure(port, proc, scripts, seconds, warmup, load_core)
+                # a fresh proxy process per window: a process's own layout (ASLR, the hash seed) can
+                # make it a few % faster or slower for its whole life, the same code as the other
+                # side; restarted every round, that bias is spread over the rounds, not one side
+                port = free_port()
+                p = subprocess.Popen(["taskset", "-c", proxy_core, str(side.flexinfer), "--log-level", "warning",
+                                      "proxy", "-c", str(tmp / "inv.yaml"), "--host", "127.0.0.1",
+                                      "--port", str(port), "--workers", "1"],
+                                     cwd=side.root, env=side.env, stdout=subprocess.DEVNULL)
+                procs.append(p)
+                renice(p.pid, NICE_RUN)
+                wait_port(port, p)
+                rnd[side.name] = measure(port, psutil.Process(p.pid), scripts, seconds, warmup, load_core)
+                stop(p)
             out.append(rnd)
             b, h = rnd["base"], rnd["head"]
             print(f"gate: round {r + 1}/{rounds} ({rnd['order']}): cpu us/req base {b['nonstream_cpu_us']:.1f} "
@@ -311,13 +311,17 @@ def macro(sides: list[Side], rounds: int, seconds: float, warmup: float, tmp: Pa
         return out
     finally:
         for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p)
+
+
+def stop(p: subprocess.Popen[Any]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 # ---- the micro suites ----------------------------------------------------------------------------
