@@ -1,7 +1,8 @@
 """The benchmark gate's verdict: pure functions over the measured figures (no I/O, no clocks).
 
 Owns: :data:`THRESHOLDS` (the ONE place the gate's limits live), :func:`judge` (per-side medians,
-per-round HEAD/baseline ratios and their median, pass/fail per metric), :func:`micro_ratios` (the
+per-round HEAD/baseline ratios and their median, pass/fail per metric), :func:`confirmed` (a
+failure stands only when a second run fails the same metric), :func:`micro_ratios` (the
 micro suites' per-case median ratio, cases absent at the baseline marked new) and the text tables.
 Must not: run anything, read files or the environment, or depend on flexinfer.
 
@@ -103,6 +104,14 @@ def judge(rounds: Sequence[Round], thresholds: Mapping[str, float] = THRESHOLDS,
         rows.append(Row(metric, statistics.median(base), statistics.median(head), ratio, min(ratios),
                         max(ratios), best, limit, ok))
     return Verdict(rows, failures)
+
+
+def confirmed(first: Verdict, second: Verdict) -> Verdict:
+    """The verdict of a confirmation run: ``second``'s table, failing only the metrics that failed in
+    both runs (each failure line says so)."""
+    failed_first = {f.split(":", 1)[0] for f in first.failures}
+    failures = [f"{f} (and in the first run)" for f in second.failures if f.split(":", 1)[0] in failed_first]
+    return Verdict(second.rows, failures)
 
 
 def percentile(xs: Sequence[float], q: float) -> float:

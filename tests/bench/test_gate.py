@@ -119,3 +119,14 @@ def test_ttfe_p99_is_judged_on_the_pooled_samples_too() -> None:
     _with_samples(r, base=samples, head=[[x * 1.3 for x in s] for s in samples])
     v = judge(r)
     assert not v.passed and v.failures[0].startswith("ttfe_p99_ms") and "pooled" in v.failures[0]
+
+
+def test_a_failure_stands_only_when_the_confirmation_run_fails_the_same_metric() -> None:
+    from bench.gate_judge import confirmed
+
+    slow_cpu = judge(rounds({"nonstream_cpu_us": 1.2}))
+    assert not slow_cpu.passed and confirmed(slow_cpu, judge(rounds({}))).passed  # noise the first time
+    again = confirmed(slow_cpu, judge(rounds({"nonstream_cpu_us": 1.3})))
+    assert not again.passed and again.failures[0].startswith("nonstream_cpu_us")
+    other = confirmed(slow_cpu, judge(rounds({"stream_cpu_us": 1.3})))  # a different metric each time
+    assert other.passed
