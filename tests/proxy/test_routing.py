@@ -42,7 +42,10 @@ def test_session_affinity_is_sticky_and_spread(stack: Stack) -> None:
             assert stack.handler.router.in_flight == {}, (sid, stack.handler.router.in_flight)
     assert all(len(eps) == 1 for eps in placement.values())
     used = collections.Counter(next(iter(eps)) for eps in placement.values())
-    assert len(used) == 3 and min(used.values()) >= 4  # 30 sessions over 3 replicas
+    # 30 sessions over 3 replicas: all are used. (How evenly is the ring's own property, tested with
+    # tests/speedups; here the replicas' ports are random, and with them each one's share of the
+    # ring, so "at least 4 each" failed now and then: 14 / 13 / 3 in one run.)
+    assert len(used) == 3, used
 
 
 def test_message_hash_session_key(stack: Stack) -> None:
