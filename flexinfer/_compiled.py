@@ -138,19 +138,14 @@ def install() -> None:
         sys.meta_path.insert(0, _SourceFirst)
 
 
-def _uses_build(name: str) -> bool:
-    """Whether importing ``name`` loads its compiled build (by the files, without importing it)."""
-    if NO_EXTENSIONS:
-        return False
-    root = _package_dir()
-    if _files(name, root)[1] is None:
-        return False
-    return not any(b is not None and _is_stale(s, b) for s, b in (_files(n, root) for n in MODULES))
-
-
 def implementation() -> dict[str, str]:
-    """``"c"`` (its compiled build) or ``"py"`` (its source) for each module of :data:`MODULES`."""
-    return {name: "c" if _uses_build(name) else "py" for name in MODULES}
+    """``"c"`` (its compiled build) or ``"py"`` (its source) for each module of :data:`MODULES`, by
+    the files, without importing them: the builds go together (see :class:`_SourceFirst`)."""
+    root = _package_dir()
+    files = [_files(name, root) for name in MODULES]
+    together = not NO_EXTENSIONS and not any(b is not None and _is_stale(s, b) for s, b in files)
+    return {name: "c" if together and built is not None else "py"
+            for name, (_, built) in zip(MODULES, files, strict=True)}
 
 
 def stale() -> list[str]:

@@ -174,15 +174,30 @@ class Forwarder:
         resp.end()
         self.metrics.count(view.name, up.status)
 
-    def _start_client(self, up: UpstreamResponse, resp: ResponseWriter, ctx: RequestContext, ep: Endpoint,
-                      strategy: str, source: str) -> None:
-        """The client's response head, from the upstream one."""
-        extra = ctx.extra_headers
-        if self.settings.route_header:
-            extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
-        if ctx.explain is not None:
-            extra.append((b"x-flexinfer-explain", ctx.explain))
-        resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
+    def _answer(self, up: UpstreamResponse, resp: ResponseWriter, ctx: RequestContext, ep: Endpoint,
+                strategy: str, source: str, stats: Any) -> bool:
+        """The upstream head is in: release the replica when the body is complete (before the client
+        has the last byte, so a session's next request finds it idle), tap the body for its usage
+        under token limits, start the client's response (unless an SSE answer is open already) and
+        record the time to first byte. False: the backend refused a request whose SSE answer was
+        open (the caller says so as an event). Run from ``forward`` or, earlier, from the read that
+        carried the head (:class:`_Begin`)."""
+        up.when_complete(self.router.release, ep)
+        if ctx.tokens is not None:  # token limits: watch the body for its usage
+            tap = ctx.tokens.tap
+            tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
+        if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
+            if up.status != 200:
+                return False
+        else:
+            extra = ctx.extra_headers
+            if self.settings.route_header:
+                extra.append((b"x-flexinfer-route", f"{strategy};{source};{ep.key}".encode()))
+            if ctx.explain is not None:
+                extra.append((b"x-flexinfer-explain", ctx.explain))
+            resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
+        stats.observe_ttfb(time.perf_counter() - ctx.t0)
+        return True
 
     async def forward(self, req: Request, resp: ResponseWriter, ctx: RequestContext, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
@@ -190,7 +205,7 @@ class Forwarder:
         stats = metrics.model(view.name)
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
-        begun = False  # the head callback answered the client already (_begin)
+        begun = False  # the head callback answered the client already (_Begin)
         try:
             path = f"{ctx.path}?{req.query}" if req.query else ctx.path
             if view.disaggregated:  # prefill on one replica, then this exchange with a decode replica
@@ -201,22 +216,10 @@ class Forwarder:
                 up, ep, strategy, source = await self._send(req, path, view, data, headers, body,
                                                             begin=_Begin(self, resp, ctx, stats))
                 begun = resp.started
-            # the replica's load drops when its answer is complete, before the client has the last
-            # byte: a client's next request (same session) sees the replica idle, not still busy
-            if not begun:
-                up.when_complete(self.router.release, ep)
-                if ctx.tokens is not None:  # token limits: watch the body for its usage
-                    tap = ctx.tokens.tap
-                    tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
             try:
-                if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
-                    if up.status != 200:
-                        await self._error_into_stream(up, resp, view)
-                        return
-                elif not begun:
-                    self._start_client(up, resp, ctx, ep, strategy, source)
-                if not begun:
-                    stats.observe_ttfb(time.perf_counter() - ctx.t0)
+                if not begun and not self._answer(up, resp, ctx, ep, strategy, source, stats):
+                    await self._error_into_stream(up, resp, view)
+                    return
                 try:
                     await up.relay(resp)
                 except UpstreamError as exc:
@@ -269,12 +272,11 @@ def _map_upstream(exc: UpstreamError, view: ModelView) -> errors.FlexInferError:
 
 
 class _Begin:
-    """The head callback of a plain exchange (no SSE answer opened before): the token tap, the
-    client's head and the relay start in the upstream read that carried the head, so its first body
-    bytes go out in that read too instead of a loop turn later, when ``forward`` resumes (under load
-    a turn serves every ready connection: milliseconds). The replica is released when the body is
-    complete, before the relay's last write, as on the other path. One small object per request:
-    ``_send`` fills in the pick before it sends."""
+    """The head callback of a plain exchange (no SSE answer opened before): ``Forwarder._answer``
+    and the relay start run in the upstream read that carried the head, so its first body bytes go
+    out in that read too instead of a loop turn later, when ``forward`` resumes (under load a turn
+    serves every ready connection: milliseconds). One small object per request: ``_send`` fills in
+    the pick before it sends."""
 
     __slots__ = ("ctx", "ep", "fwd", "resp", "source", "stats", "strategy", "up")
 
@@ -289,11 +291,5 @@ class _Begin:
 
     def on_head(self, up: UpstreamResponse) -> None:
         self.up = up
-        fwd, ctx, resp = self.fwd, self.ctx, self.resp
-        up.when_complete(fwd.router.release, self.ep)
-        if ctx.tokens is not None:
-            tap = ctx.tokens.tap
-            tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
-        fwd._start_client(up, resp, ctx, self.ep, self.strategy, self.source)
-        up.start_relay(resp)
-        self.stats.observe_ttfb(time.perf_counter() - ctx.t0)
+        self.fwd._answer(up, self.resp, self.ctx, self.ep, self.strategy, self.source, self.stats)
+        up.start_relay(self.resp)
