@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test gate bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image
+.PHONY: run test gate bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image reliability
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,11 +51,15 @@ run: ext llama
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
 test: ext llama redis-server wrk
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not reliability" $(PYTEST_ARGS)
 	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
-	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py
+	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability" tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py
 	@echo "==> the benchmark gate: HEAD against bench/baseline.ref (docs/benchmarks.md)"
 	$(PY) bench/gate.py
+
+# The full-size hardening campaign (F1-F20 of docs/reliability.md); writes bench/results/reliability.md.
+reliability: ext llama redis-server wrk
+	$(PY) -m pytest -q -p no:cacheprovider -m reliability $(PYTEST_ARGS)
 
 # The benchmark gate alone (knobs: GATE_ROUNDS, GATE_SECONDS, GATE_WARMUP, GATE_MICRO=0, GATE_BASELINE).
 gate: ext wrk
