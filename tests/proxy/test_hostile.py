@@ -14,8 +14,19 @@ from tests.proxy.conftest import Stack, fast_settings, model
 BODY = b'{"model":"m1","messages":[{"role":"user","content":"x"}]}'
 
 
+def _complete(buf: bytes) -> bool:
+    """A whole response with a Content-Length body is in (keep-alive answers stop here, not at the
+    timeout)."""
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    m = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+    return m is not None and len(body) >= int(m.group(1))
+
+
 def exchange(port: int, data: bytes, timeout: float = 3.0) -> tuple[int, bytes, bool]:
-    """Send raw bytes; return (status, response bytes, closed by the proxy within the timeout)."""
+    """Send raw bytes; return (status, response bytes, closed by the proxy within the timeout).
+    A complete keep-alive response returns at once, with closed False."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
         buf, closed = b"", False
@@ -30,6 +41,8 @@ def exchange(port: int, data: bytes, timeout: float = 3.0) -> tuple[int, bytes, 
                 closed = True
                 break
             buf += chunk
+            if _complete(buf) and b"connection: close" not in buf.split(b"\r\n\r\n", 1)[0].lower():
+                break
     status = int(buf.split(b" ", 2)[1]) if buf.startswith(b"HTTP/1.1 ") else 0
     return status, buf, closed
 
