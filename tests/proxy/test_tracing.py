@@ -305,7 +305,10 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_otlp_http_export_from_a_real_proxy_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers,delay_ms", [(1, "50"), (2, "600000")], ids=["batch", "flush-at-stop"])
+def test_otlp_http_export_from_a_real_proxy_process(tmp_path: Path, workers: int, delay_ms: str) -> None:
+    """The real exporter posts protobuf to /v1/traces: every 50 ms while serving, or (a batch delay of
+    10 minutes, 2 forked workers) only when the proxy stops: the stop exports what is buffered."""
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -314,30 +317,36 @@ def test_otlp_http_export_from_a_real_proxy_process(tmp_path: Path) -> None:
     recv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     th = threading.Thread(target=recv.serve_forever, daemon=True)
     th.start()
+    spans: dict[str, Any] = {}
+    resource: dict[str, str] = {}
+    seen: list[str] = []
+
+    def exported() -> bool:
+        for path, ctype, body in bodies[len(seen):]:
+            seen.append(path)
+            assert path == "/v1/traces" and ctype == "application/x-protobuf"
+            msg = ExportTraceServiceRequest.FromString(body)
+            for rs in msg.resource_spans:
+                resource.update({a.key: a.value.string_value for a in rs.resource.attributes})
+                for ss in rs.scope_spans:
+                    spans.update({sp.name: sp for sp in ss.spans})
+        return len(spans) >= 3
+
     try:
         with _procs.stub_engines(1) as engines:
             inv = _procs.inventory(tmp_path, engines)
-            with _procs.proxy(inv, PROXY_TRACING_ENABLED="true",
+            with _procs.proxy(inv, workers=workers, PROXY_TRACING_ENABLED="true",
                               OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{recv.server_port}",
-                              OTEL_BSP_SCHEDULE_DELAY="50", OTEL_SERVICE_NAME="") as port:
+                              OTEL_BSP_SCHEDULE_DELAY=delay_ms, OTEL_SERVICE_NAME="") as port:
                 with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0) as c:
                     c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                               extra_headers={"traceparent": TRACEPARENT})
-                spans: dict[str, Any] = {}
-                resource: dict[str, str] = {}
-
-                def exported() -> bool:
-                    for path, ctype, body in bodies[len(seen):]:
-                        seen.append(path)
-                        assert path == "/v1/traces" and ctype == "application/x-protobuf"
-                        msg = ExportTraceServiceRequest.FromString(body)
-                        for rs in msg.resource_spans:
-                            resource.update({a.key: a.value.string_value for a in rs.resource.attributes})
-                            for ss in rs.scope_spans:
-                                spans.update({sp.name: sp for sp in ss.spans})
-                    return len(spans) >= 3
-                seen: list[str] = []
-                asyncio.run(reach(exported, timeout=15))
+                if workers == 1:
+                    asyncio.run(reach(exported, timeout=15))
+                else:
+                    assert not exported()  # buffered: the batch delay is 10 minutes
+            # the proxy has stopped (exit 0 checked by _procs.proxy)
+            assert exported()
     finally:
         recv.shutdown()
         recv.server_close()
