@@ -132,6 +132,20 @@ def _redacted(url: str) -> str:
     return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
 
 
+def _check_tracing_extra() -> None:
+    """PROXY_TRACING_ENABLED without the otel extra is refused at startup (not a silent no-op)."""
+    import importlib.util
+
+    for mod in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except ImportError:  # a parent package is missing
+            found = False
+        if not found:
+            raise SettingsError(f"PROXY_TRACING_ENABLED needs the otel extra (pip install 'flexinfer[otel]'): "
+                                f"{mod} is not installed")
+
+
 @dataclass(frozen=True, slots=True)
 class ProxySettings:
     """Behaviour of the request pipeline (``flexinfer.proxy``)."""
@@ -197,10 +211,17 @@ class ProxySettings:
     redis_prefix: str = _f("flexinfer", "PROXY_REDIS_PREFIX", "Prefix of every Redis key (one per deployment).")
     replica_id: str = _f("", "PROXY_REPLICA_ID",
                          "This machine's id among the replicas (its workers share it); empty: <hostname>-<pid>.")
+    tracing_enabled: bool = _f(False, "PROXY_TRACING_ENABLED",
+                               "OpenTelemetry spans of forwarded requests, sent by OTLP/HTTP (the otel extra; the "
+                               "exporter reads the standard OTEL_EXPORTER_OTLP_* variables). docs/tracing.md.")
+    tracing_service_name: str = _f("", "PROXY_TRACING_SERVICE_NAME",
+                                   "service.name of the spans; empty: OTEL_SERVICE_NAME, else flexinfer-proxy.")
     http: HTTPSettings = field(default_factory=HTTPSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
 
     def validate(self) -> None:
+        if self.tracing_enabled:
+            _check_tracing_extra()
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be 1..65535, got {self.port}")
         if self.workers < 1:

@@ -1,4 +1,4 @@
-"""The import rules of docs/architecture.md (R1-R5), checked by walking every module's imports
+"""The import rules of docs/architecture.md (R1-R6), checked by walking every module's imports
 (AST, no execution; imports inside functions count too)."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ SAME_FLOOR: dict[str, tuple[str, ...]] = {
 PROXY_FLOOR_1 = ("http",)  # R3
 KUBE_LIBS = ("kubernetes_asyncio", "kopf", "kubernetes")
 KUBE_ALLOWED = ("k8s", "runtime.kube", "operator", "scheduler", "agent", "tps")  # R5
+OTEL_ALLOWED = ("flexinfer.proxy.tracing",)  # R6: the optional otel extra, imported there only (lazily)
 
 
 def modules() -> dict[str, set[str]]:
@@ -84,6 +85,9 @@ def check(mods: dict[str, set[str]]) -> list[str]:
         kube = sorted(i for i in mods[name] if i.split(".")[0] in KUBE_LIBS)
         if kube and not (name + ".").startswith(tuple(f"flexinfer.{k}." for k in KUBE_ALLOWED)):
             problems.append(f"R5 {name}: only {', '.join(KUBE_ALLOWED)} import a Kubernetes client, found {kube}")
+        otel = sorted(i for i in mods[name] if i.split(".")[0] == "opentelemetry")
+        if otel and name not in OTEL_ALLOWED:
+            problems.append(f"R6 {name}: only {', '.join(OTEL_ALLOWED)} imports opentelemetry, found {otel}")
     return problems
 
 
@@ -113,10 +117,21 @@ def test_rules_catch_what_they_name() -> None:
         "flexinfer.cli": {"flexinfer.cmd.proxy"},
         "flexinfer.agent.x": {"kopf"},  # allowed
         "flexinfer.settings": {"kubernetes_asyncio"},
+        "flexinfer.proxy.tracing": {"opentelemetry.sdk.trace"},  # allowed
+        "flexinfer.proxy.pipeline": {"opentelemetry.trace"},
     }
     found = check(bad)
     rules = sorted({p.split()[0] + " " + p.split()[1].rstrip(":").removeprefix("flexinfer.") for p in found})
     assert rules == sorted([
         "R1 _speedups.x", "R2 errors", "R2 http.x", "R2 runtime.x", "R2 runtime.y", "R2 proxy.x", "R3 proxy.x",
-        "R2 k8s.x", "R4 cli", "R5 settings",
+        "R2 k8s.x", "R4 cli", "R5 settings", "R6 proxy.pipeline",
     ]), found
+
+
+def test_tracing_imports_opentelemetry_only_inside_functions() -> None:
+    """R6: flexinfer.proxy.tracing loads opentelemetry lazily (with tracing on), never at import."""
+    tree = ast.parse((PKG / "proxy" / "tracing.py").read_text())
+    top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in names if m.split(".")[0] == "opentelemetry"]

@@ -188,6 +188,9 @@ class SharedParts:
             await self.health.stop()
         if self.engine_pub is not None:
             self.engine_pub.close()
+        tracer = getattr(_server.handler, "tracer", None) if _server is not None else None
+        if tracer is not None:  # export the buffered spans (a forked worker ends with os._exit: no atexit)
+            await asyncio.to_thread(tracer.shutdown)
 
     async def _publish(self) -> None:
         assert self.metrics is not None

@@ -23,6 +23,7 @@ from flexinfer.proxy.context import RequestContext
 from flexinfer.proxy.disagg import Disagg
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.routing import Router
+from flexinfer.proxy.tracing import Tracer
 from flexinfer.runtime.base import Endpoint, ModelView
 from flexinfer.settings import ProxySettings
 
@@ -81,8 +82,10 @@ def _is_sse(up: UpstreamResponse) -> bool:
 class Forwarder:
     """Sends a request to a replica of a model and relays the response."""
 
-    def __init__(self, pools: Pools, router: Router, metrics: ProxyMetrics, settings: ProxySettings) -> None:
+    def __init__(self, pools: Pools, router: Router, metrics: ProxyMetrics, settings: ProxySettings,
+                 tracer: Tracer | None = None) -> None:
         self.pools = pools
+        self.tracer = tracer  # None: tracing off
         self.router = router
         self.metrics = metrics
         self.settings = settings
@@ -115,14 +118,18 @@ class Forwarder:
             try:
                 if first is not None:
                     (ep, strategy, source), first = first, None
-                else:
+                elif self.tracer is None:
                     ep, strategy, source = self.router.pick(view, data, req, exclude)
+                else:  # the pick in a span (flexinfer.proxy.tracing)
+                    ep, strategy, source = self.tracer.pick(self.router, view, data, req, exclude)
             except LookupError:
                 raise errors.ServiceUnavailable(
                     f"model {view.name!r} has no reachable replica", retry_after=1) from None
             self._decided(req, view, ep, strategy, source)
             pool = self.pools.get(ep.host, ep.port)
             self.router.acquire(ep)
+            if self.tracer is not None:  # the upstream span; its traceparent goes upstream
+                self.tracer.send(req, view, data, ep, headers)
             try:
                 if begin is None:
                     up = await pool.request(req.method, path, headers, body)
@@ -149,6 +156,8 @@ class Forwarder:
                 raise
             if self.router.ejector is not None:
                 self._outcome(view, ep, up.status < 500, "ok" if up.status < 500 else "5xx")
+            if self.tracer is not None:
+                self.tracer.answered(up)
             return up, ep, strategy, source
 
     def _outcome(self, view: ModelView, ep: Endpoint, ok: bool, kind: str) -> None:

@@ -22,7 +22,7 @@ from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.http.server import HTTPServer
-from flexinfer.proxy import debugview, extract
+from flexinfer.proxy import debugview, extract, tracing
 from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
@@ -71,7 +71,7 @@ class ProxyHandler:
                  limiter: Limiter | None = None, activator: Activator | None = None,
                  scaler: Scaler | None = None, admin: AdminRoutes | None = None,
                  request_ids: RequestIds = REQUEST_IDS, token_limiter: TokenLimiter | None = None,
-                 token_buckets: TokenBuckets | None = None) -> None:
+                 token_buckets: TokenBuckets | None = None, tracer: tracing.Tracer | None = None) -> None:
         self.inventory = inventory
         self.settings = settings
         self.metrics = metrics or ProxyMetrics()
@@ -96,7 +96,10 @@ class ProxyHandler:
         self.activator = activator
         tokens = settings.tokens() if settings.auth_enabled else ()
         self.auth: BearerAuth | None = BearerAuth(tokens) if settings.auth_enabled else None
-        self.forwarder = Forwarder(self.pools, self.router, self.metrics, settings)
+        self.tracer = tracer if tracer is not None else tracing.tracer_for(settings)  # None: tracing off
+        if self.tracer is not None:  # the request span around handle (flexinfer.proxy.tracing)
+            self.handle = self.tracer.wrap(self.handle)  # type: ignore[method-assign, assignment]
+        self.forwarder = Forwarder(self.pools, self.router, self.metrics, settings, self.tracer)
         self.admin = admin  # extra routes (the local runtime's /running, /logs, ...)
         self.new_request_id = request_ids.new
         self.server: HTTPServer | None = None
@@ -253,9 +256,14 @@ class ProxyHandler:
                         data: dict[str, Any] | None) -> ModelView:
         if self.activator is None:
             raise errors.ServiceUnavailable(f"model {view.name!r} has no ready replica")
-        return await self.activator.wait_ready(view, ctx, resp, data)
+        waiting = self.activator.wait_ready(view, ctx, resp, data)
+        if self.tracer is not None:  # the queue-wait span (flexinfer.proxy.tracing)
+            return await self.tracer.queue_wait(view, waiting, self.activator.queue_depth(view.name))
+        return await waiting
 
     def _error(self, resp: ResponseWriter, ctx: RequestContext, exc: FlexInferError, model: str) -> None:
+        if self.tracer is not None:
+            self.tracer.failed(exc)
         self.metrics.count(model, exc.status)
         if resp.started:
             if ctx.sse_open and not resp.finished and not resp.disconnected:
