@@ -76,9 +76,15 @@ class AccessLog:
             aborted = bool(resp.client_abort)
             status = resp.status or (499 if aborted else 0)  # nginx's 499: gone before an answer
             fields["status"], fields["bytes_sent"], fields["client_abort"] = status, resp.sent, aborted
-            self.logger.info("%s %s %d", req.method, fields["path"], status, extra={"fields": fields})
+            self._emit(req.method, fields["path"], status, fields)
         except Exception:  # pragma: no cover - never into the request path
             self.logger.exception("access log record failed")
+
+    def _emit(self, method: str, path: str, status: int, fields: dict[str, Any]) -> None:
+        """``logger.info`` without the caller lookup (the record's origin is always this module)."""
+        logger = self.logger
+        logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, "%s %s %d", (method, path, status),
+                                        None, extra={"fields": fields}))
 
     def refused(self, req: Request, err: FlexInferError) -> None:
         """The record of a request refused by ``on_headers`` (answered by the HTTP core)."""
@@ -86,7 +92,7 @@ class AccessLog:
             ctx = req.ctx
             fields = self._fields(req, ctx, getattr(ctx, "model_name", None))
             fields["status"], fields["bytes_sent"] = err.status, 0 if req.method == "HEAD" else len(err.body())
-            self.logger.info("%s %s %d", req.method, fields["path"], err.status, extra={"fields": fields})
+            self._emit(req.method, fields["path"], err.status, fields)
         except Exception:  # pragma: no cover - never into the request path
             self.logger.exception("access log record failed")
 
