@@ -110,6 +110,19 @@ def _raw(port: int, head: bytes, body: bytes = b"") -> bytes:
     return out
 
 
+def _dechunk(answer: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 answer (head, sizes and CRLFs removed)."""
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    body = b""
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            return body
+        body, rest = body + rest[:n], rest[n + 2:]
+
+
 def _status(port: int, path: str, body: bytes, headers: dict[str, str]) -> int:
     return asyncio.run(request(port, "POST", path, body, headers))[0]
 
@@ -141,6 +154,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 with stream:
                     seen["stream_chunks"] = sum(1 for _ in stream)
             p = px.port
+            seen["stream_raw"] = _dechunk(_raw(p, b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+                                                  + KEY.encode() + b"\r\nX-Request-ID: al-stream-raw\r\n"
+                                                  b"Content-Type: application/json\r\nx-stub-chunks: 5\r\n", STREAM))
             seen["404"] = _status(p, "/v1/chat/completions", b'{"model":"nope","messages":[]}', _auth("al-404"))
             seen["404h"] = _status(p, "/v1/chat/completions", CHAT, _auth("al-404h", **{"X-Model-ID": "nope"}))
             seen["401"] = _status(p, "/v1/chat/completions", CHAT, {"X-Request-ID": "al-401"})
@@ -162,7 +178,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 if codes[-1] == 429:
                     break
             seen["429"] = codes
-            for rid in ("al-json", "al-stream", "al-404", "al-404h", "al-401", "al-400", "al-l1", "al-ua",
+            for rid in ("al-json", "al-stream", "al-stream-raw", "al-404", "al-404h", "al-401", "al-400", "al-l1", "al-ua",
                         f"al-429-{len(codes) - 1}"):
                 px.wait_for(rid)
         finally:
@@ -209,6 +225,8 @@ def test_stream(run: dict[str, Any]) -> None:
     assert run["seen"]["stream_chunks"] >= 8
     assert rec["status"] == 200 and rec["model"] == "m" and rec["client_abort"] is False
     assert rec["bytes_sent"] > 8 * len(b'data: {"choices":[]}\n\n')
+    raw = _one(run, "al-stream-raw")  # the body bytes exactly: no head, no chunk framing
+    assert raw["bytes_sent"] == len(run["seen"]["stream_raw"]) and run["seen"]["stream_raw"].endswith(b"[DONE]\n\n")
 
 
 def test_refusals_are_logged(run: dict[str, Any]) -> None:
