@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 # name -> (module, help)
@@ -46,6 +45,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexinfer", description="FlexInfer: LLM inference platform.")
     parser.add_argument("--version", action=_Version)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text lines, or one JSON object per line (time, level, logger, message); "
+                             "both redact secrets and escape control characters (docs/logging.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if a in COMMANDS), None)
     for name, (module, help_) in COMMANDS.items():
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    importlib.import_module("flexinfer.logs").configure(args.log_level, args.log_format)  # by name (R4)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

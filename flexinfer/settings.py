@@ -201,6 +201,8 @@ class ProxySettings:
                             "request sends X-Flexinfer-Explain: 1) or always.")
     debug_endpoints: bool = _f(True, "PROXY_DEBUG_ENDPOINTS",
                                "Serve GET /debug/endpoints (behind the API keys when auth is on).")
+    access_log: bool = _f(False, "PROXY_ACCESS_LOG",
+                          "One access record per request on the flexinfer.access logger (docs/logging.md).")
     namespace: str = _f("default", "POD_NAMESPACE", "Kubernetes namespace of the proxy.")
     redis_url: str = _f("", "PROXY_REDIS_URL",
                         "Redis shared by the proxy replicas (redis://, rediss://, unix://); empty: off.")

@@ -6,5 +6,5 @@ cdef class Request:
 
 cdef class ResponseWriter:
     cdef public object _callbacks, _cancel_task, _chunked, _close_delimited, _head_only, _pending_head
-    cdef public object _proto, _remaining, _transport, _v10, disconnected, finished, flow, keep_alive
-    cdef public object started, task
+    cdef public object _proto, _remaining, _transport, _v10, client_abort, disconnected, finished, flow
+    cdef public object keep_alive, sent, started, status, task

@@ -101,8 +101,8 @@ class ResponseWriter:
     """Writes one response; responses of a connection leave in request order."""
 
     __slots__ = ("_callbacks", "_cancel_task", "_chunked", "_close_delimited", "_head_only", "_pending_head",
-                 "_proto", "_remaining", "_transport", "_v10", "disconnected", "finished", "flow", "keep_alive",
-                 "started", "task")
+                 "_proto", "_remaining", "_transport", "_v10", "client_abort", "disconnected", "finished", "flow",
+                 "keep_alive", "sent", "started", "status", "task")
 
     def __init__(self, proto: Connection, req: Request) -> None:
         self._proto = proto
@@ -127,6 +127,11 @@ class ResponseWriter:
         self.started = False
         self.finished = False
         self.disconnected = False
+        #: what the access log reads: the status sent (0: none), the body bytes handed to the
+        #: transport (framing and head excluded), and whether the client left before the end
+        self.status = 0
+        self.sent = 0
+        self.client_abort = False
 
     # ---- head -------------------------------------------------------------------------------
     def _build_head(self, status: int, headers: list[tuple[bytes, bytes]] | tuple[()],
@@ -170,12 +175,15 @@ class ResponseWriter:
         no_body = status == 204 or status == 304
         head = self._build_head(status, headers, b"" if no_body else b"content-length: %d\r\n" % len(body))
         self.started = self.finished = True
+        self.status = status
         tr = self._transport
         if no_body or self._head_only or not body:
             tr.write(head)
         elif len(body) < 16 * KiB:
+            self.sent = len(body)
             tr.write(head + body)
         else:
+            self.sent = len(body)
             tr.writelines((head, body))
         self._proto.response_done(self)
 
@@ -223,6 +231,7 @@ class ResponseWriter:
             self._chunked = True
         head = self._build_head(status, headers, framing)
         self.started = True
+        self.status = status
         if self._head_only or self._remaining == 0:
             self._transport.write(head)
             return
@@ -244,6 +253,7 @@ class ResponseWriter:
             return
         if self._chunked:
             n = len(data)
+            self.sent += n
             head = self._pending_head
             if head is not None:
                 self._pending_head = None
@@ -261,6 +271,7 @@ class ResponseWriter:
             if len(data) > rem:
                 raise ValueError("body longer than the declared Content-Length")
             self._remaining = rem - len(data)
+        self.sent += len(data)
         head = self._pending_head
         if head is not None:
             self._pending_head = None
@@ -293,6 +304,7 @@ class ResponseWriter:
             if total > rem:
                 raise ValueError("body longer than the declared Content-Length")
             rem = self._remaining = rem - total
+        self.sent += total
         parts: list[bytes] = []
         head = self._pending_head
         if head is not None:
@@ -379,6 +391,7 @@ class ResponseWriter:
         self._callbacks = None
         if self.finished:
             return
+        self.client_abort = True
         if self._cancel_task:
             self._cancel_handler()
         if not cbs:

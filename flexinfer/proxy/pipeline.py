@@ -22,7 +22,7 @@ from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.http.server import HTTPServer
-from flexinfer.proxy import debugview, extract, tracing
+from flexinfer.proxy import accesslog, debugview, extract, tracing
 from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
@@ -103,6 +103,9 @@ class ProxyHandler:
         self.admin = admin  # extra routes (the local runtime's /running, /logs, ...)
         self.new_request_id = request_ids.new
         self.server: HTTPServer | None = None
+        self.access_log = accesslog.AccessLog() if settings.access_log else None
+        if self.access_log is not None:  # refusals of on_headers are logged too (off: no wrapper)
+            self.on_headers = accesslog.refusals(self.on_headers, self.access_log)  # type: ignore[method-assign,assignment]
 
     # -- wiring ----------------------------------------------------------------------------------
     def attach(self, server: HTTPServer) -> None:
@@ -251,6 +254,8 @@ class ProxyHandler:
         finally:
             if ctx.tokens is not None:  # charge what the response says it used (token limits)
                 ctx.tokens.settle()
+            if self.access_log is not None:
+                self.access_log.request(req, resp, ctx, model_label)
 
     async def _activate(self, view: ModelView, ctx: RequestContext, resp: ResponseWriter,
                         data: dict[str, Any] | None) -> ModelView:
