@@ -55,8 +55,8 @@ async def paced(port: int, rate: float, seconds: float) -> tuple[list[tuple[int,
 
 def limits(tmp: Path, n_burst: int, seconds: float) -> None:
     engine = LoopThread()
+    stub = engine.run(StubEngine().start())
     try:
-        stub = engine.run(StubEngine().start())
         with proxy(inventory(tmp, [stub.port]), workers=2, **LIMIT) as port:
             b_out, span = asyncio.run(burst(port, n_burst))
             time.sleep(1.5 * BURST / RATE)  # the bucket is full again
@@ -78,6 +78,8 @@ def limits(tmp: Path, n_burst: int, seconds: float) -> None:
         assert hits == admitted, (hits, admitted)  # 429s reach the backend 0 times
         assert retry_afters and min(retry_afters) >= 1
     finally:
+        if stub.server is not None:
+            engine.run(stub.stop())
         engine.close()
 
 
