@@ -3,7 +3,9 @@
 R12: N concurrent requests reach a model that is waking, queue bound Q. At most Q wait, the rest get
 503 ``queue_full`` + Retry-After at once (p99 < 50 ms from each request's write); once the model is
 ready every queued request is served; the outcomes sum to the arrivals and each request reaches the
-engine at most once (a marker per request in the body, counted on the engine's capture).
+engine at most once (a marker per request in the body, counted on the engine's capture). The
+same client then sends as many requests for an unknown model (404 at once, the same pipeline up to
+the model lookup): its p99 is the floor of the shared box at that moment, reported beside the 503's.
 Z3: the model never turns ready: every queued request gets 504 at the activation timeout ± 10 %,
 none reaches the engine afterwards, and the runtime is asked to wake the model once.
 The scaler is a test double (the runtime is not the subject; tests/runtime/test_local.py runs the
@@ -69,6 +71,11 @@ def flood(stack: Stack, n: int, q: int, spacing: float, check_p99: bool = True) 
             client.kill()
             client.wait()
     results = json.loads(out)
+    # the control, same proxy and pacing: an unknown model (404 at once): the floor of this box now
+    control = json.loads(subprocess.run([sys.executable, "-m", "tests.proxy._paced_client", str(port), str(n - q),
+                                         str(spacing), "nope"], cwd=ROOT, capture_output=True, check=True,
+                                        timeout=120).stdout)
+    p99_control = pct([r[1] for r in control if r[0] == 404], 0.99)
     codes = Counter(r[0] for r in results)
     refused = [r for r in results if r[0] == 503]
     p99 = pct([r[1] for r in refused], 0.99)
@@ -77,7 +84,8 @@ def flood(stack: Stack, n: int, q: int, spacing: float, check_p99: bool = True) 
     depth = stack.call(lambda: stack.handler.activator.queue_depth("z"))
     figure("F10-flood", arrivals=n, spacing_ms=spacing * 1000, queue=q, served=codes[200], refused_503=codes[503],
            other=n - codes[200] - codes[503], backend_requests=len(stack.stub.requests), duplicates=dups,
-           p99_503_ms=p99 * 1000, p50_503_ms=pct([r[1] for r in refused], 0.5) * 1000, wakes=scaler.wakes,
+           p99_503_ms=p99 * 1000, p50_503_ms=pct([r[1] for r in refused], 0.5) * 1000,
+           p99_404_control_ms=p99_control * 1000, wakes=scaler.wakes,
            queue_after=depth)
     assert sum(codes.values()) == n and set(codes) <= {200, 503}, codes  # outcome sum = arrivals
     assert codes[200] == q and codes[503] == n - q, codes
@@ -119,8 +127,11 @@ def deadline(stack: Stack, k: int, timeout: float) -> None:
     t = time.monotonic()
     stack.run(reach(lambda: stack.inventory.resolve("z").ready))  # type: ignore[union-attr]
     errs = [abs(took - timeout) / timeout for _, took, _ in results]
+    wait = stack.handler.metrics.queue_wait.labels("z")  # the activator's own view: arrival to 504
+    internal_mean = wait._sum.get() / k
     figure("F10-timeout", queued=k, timeout_s=timeout, status=dict(Counter(s for s, _, _ in results)),
            min_s=min(r[1] for r in results), max_s=max(r[1] for r in results), worst_error_pct=max(errs) * 100,
+           proxy_side_mean_wait_s=internal_mean,
            late_forwarded=len(stack.stub.requests), wakes=scaler.wakes)
     assert all(s == 504 and b'"timeout"' in d for s, _, d in results), Counter(s for s, _, _ in results)
     assert max(errs) <= 0.10, errs
