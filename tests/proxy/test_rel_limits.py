@@ -36,7 +36,7 @@ async def post(port: int, i: int) -> tuple[int, str]:
     return status, headers.get("retry-after", "")
 
 
-async def burst(port: int, n: int) -> tuple[list[tuple[int, str]], float]:
+async def all_at_once(port: int, n: int) -> tuple[list[tuple[int, str]], float]:
     t0 = time.monotonic()
     out = await asyncio.gather(*(post(port, i) for i in range(n)))
     return out, time.monotonic() - t0
@@ -59,7 +59,7 @@ def limits(tmp: Path, n_burst: int, seconds: float, rate: int = 100, burst: int 
     stub = engine.run(StubEngine().start())
     try:
         with proxy(inventory(tmp, [stub.port]), workers=2, **limit_env(rate, burst)) as port:
-            b_out, span = asyncio.run(burst(port, n_burst))
+            b_out, span = asyncio.run(all_at_once(port, n_burst))
             time.sleep(1.5 * burst / rate)  # the bucket is full again
             engine.call(stub.requests.clear)
             p_out, window = asyncio.run(paced(port, 2 * rate, seconds))
