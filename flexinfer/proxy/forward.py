@@ -22,6 +22,7 @@ from flexinfer.http.responses import sse_event
 from flexinfer.proxy.context import RequestContext
 from flexinfer.proxy.disagg import Disagg
 from flexinfer.proxy.metrics import ProxyMetrics
+from flexinfer.proxy.retrybudget import RetryBudget
 from flexinfer.proxy.routing import Router
 from flexinfer.proxy.tracing import Tracer
 from flexinfer.runtime.base import Endpoint, ModelView
@@ -90,6 +91,7 @@ class Forwarder:
         self.metrics = metrics
         self.settings = settings
         self._explain = _EXPLAIN_MODES[settings.route_explain]
+        self.retries = RetryBudget()  # F12: open retries <= max(3, 20 % of the model's in-flight)
         self.disagg = Disagg(self)  # prefill/decode disaggregation (only for views with endpoint roles)
 
     def _decided(self, req: Request, view: ModelView, ep: Endpoint, strategy: str, source: str) -> None:
@@ -108,12 +110,12 @@ class Forwarder:
 
     async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
                     headers: list[tuple[bytes, bytes]], body: bytes,
-                    first: tuple[Endpoint, str, str] | None = None, begin: _Begin | None = None
-                    ) -> tuple[UpstreamResponse, Endpoint, str, str]:
+                    first: tuple[Endpoint, str, str] | None = None, begin: _Begin | None = None,
+                    exclude: frozenset[str] = frozenset()) -> tuple[UpstreamResponse, Endpoint, str, str]:
         """Open the upstream exchange; one retry on another replica if the first refused us.
         ``first``: a pick made already (the disaggregated flow picks the decode replica early).
-        ``begin``: the client's answer starts from the upstream read that carried the head."""
-        exclude: frozenset[str] = frozenset()
+        ``begin``: the client's answer starts from the upstream read that carried the head.
+        ``exclude``: replicas not to pick (the retry's: the one that refused; within the retry budget)."""
         while True:
             try:
                 if first is not None:
@@ -140,10 +142,14 @@ class Forwarder:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason).inc()
                 self._outcome(view, ep, False, "connect")
-                if not exclude and len(view.endpoints) > 1:
-                    exclude = frozenset((ep.key,))
+                if not exclude and len(view.endpoints) > 1 and self.retries.take(
+                        view.name, 1 + sum(self.router.load.loads([e.key for e in view.endpoints]))):
                     self.metrics.upstream_retries.labels(view.name).inc()
-                    continue
+                    try:  # the retry counts against the budget until its head is in (or it failed)
+                        return await self._send(req, path, view, data, headers, body, None, begin,
+                                                frozenset((ep.key,)))
+                    finally:
+                        self.retries.done(view.name)
                 raise _map_upstream(exc, view) from None
             except UpstreamError as exc:
                 self.router.release(ep)
