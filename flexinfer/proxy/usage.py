@@ -52,6 +52,8 @@ USAGE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 def parse_usage(tail: bytes) -> tuple[int, int] | None:
     """(prompt_tokens, completion_tokens) of the last usage object in ``tail``, or None (a
     missing prompt count is -1, a missing completion count 0)."""
+    if b'"usage"' not in tail:  # a memchr-speed scan first: most stream tails have none
+        return None
     last = None
     for m in _USAGE.finditer(tail):
         last = m
@@ -131,26 +133,27 @@ class UsageTap:
         self.stats = stats
 
     def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
+        if not pieces:
+            return None
+        # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
+        # once instead of piece by piece (and a marker cut between two pieces of a read is whole)
+        buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         tail = self.tail
-        sse = self.sse
-        n = 0
-        for p in pieces:
-            if sse:
-                n += content_events(p)
-            if len(p) >= TAIL_BYTES:
-                tail[:] = p[-TAIL_BYTES:]
-            else:
-                tail += p
-                if len(tail) > 2 * TAIL_BYTES:
-                    del tail[:-TAIL_BYTES]
-        if not sse:
-            if self.ttft < 0 and pieces:
+        if len(buf) >= TAIL_BYTES:
+            tail[:] = buf[-TAIL_BYTES:]
+        else:
+            tail += buf
+            if len(tail) > 2 * TAIL_BYTES:
+                del tail[:-TAIL_BYTES]
+        if not self.sse:
+            if self.ttft < 0:
                 self.ttft = time.perf_counter() - self.t0
             return None
+        n = content_events(buf)
         if n:
             self._timing(n)
         if self.strip:
-            return self._strip(pieces, end)
+            return self._strip(buf, end)
         return None
 
     def _timing(self, n: int) -> None:
@@ -167,19 +170,17 @@ class UsageTap:
             st.observe_itl((t - self.t_last) / n, n)
         self.t_last = t
 
-    def _strip(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
-        if not self._held:
-            for p in pieces:  # the common read: whole events, no usage object in them
-                if not (p.endswith(b"\n\n") or p.endswith(b"\r\n\r\n")) or (
-                        b'"usage"' in p and _USAGE_OBJ.search(p) is not None):
-                    break
-            else:
-                self._mid = False
-                return None
-        return self._strip_slow(pieces, end)
+    def _strip(self, buf: bytes, end: bool) -> list[bytes] | None:
+        # the common read: whole events (it ends at an event's end), no usage object in it
+        if not self._held and (buf.endswith(b"\n\n") or buf.endswith(b"\r\n\r\n")) and (
+                b'"usage"' not in buf or _USAGE_OBJ.search(buf) is None):
+            self._mid = False
+            return None
+        return self._strip_slow(buf, end)
 
-    def _strip_slow(self, pieces: list[bytes], end: bool) -> list[bytes]:
-        buf = self._held + b"".join(pieces)
+    def _strip_slow(self, buf: bytes, end: bool) -> list[bytes]:
+        if self._held:
+            buf = self._held + buf
         self._held = b""
         keep: list[bytes] = []
         pos = kept_from = 0
