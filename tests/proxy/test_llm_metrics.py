@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -163,7 +164,7 @@ class RawBackend:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
                          b"connection: close\r\n\r\n")
             edges = [0, *self.cuts, len(self.stream)]
-            for a, b in zip(edges, edges[1:], strict=False):
+            for a, b in itertools.pairwise(edges):
                 writer.write(b"%x\r\n%s\r\n" % (b - a, self.stream[a:b]))
                 await writer.drain()
                 await asyncio.sleep(0.005)  # pacing only (separate reads); nothing is asserted on time
@@ -205,7 +206,7 @@ def test_tap_strips_at_every_split_point() -> None:
             tap = UsageTap()
             tap.start(200, True, True, 0.0, None)
             edges = [0, *cuts, len(stream)]
-            pieces = [stream[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+            pieces = [stream[a:b] for a, b in itertools.pairwise(edges)]
             out = b""
             i = 0
             while i < len(pieces):  # reads of 1-3 pieces
