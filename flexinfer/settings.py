@@ -174,6 +174,9 @@ class ProxySettings:
                           "(the engine's /tokenize, falling back to the estimate).")
     token_count_timeout: float = _f(0.2, "PROXY_TOKEN_COUNT_TIMEOUT", "Longest wait on the engine's /tokenize.")
     route_header: bool = _f(True, "PROXY_ROUTE_HEADER", "Add X-Flexinfer-Route to responses.")
+    stream_usage: bool = _f(True, "PROXY_STREAM_USAGE",
+                            "Ask streams that did not ask for usage for it (stream_options.include_usage) and "
+                            "remove that usage chunk from what the client receives: token metrics for every stream.")
     max_queue_size: int = _f(100, "PROXY_MAX_QUEUE_SIZE", "Requests held per model while it wakes.")
     queue_timeout: float = _f(60.0, "PROXY_QUEUE_TIMEOUT", "Longest wait for a model to become ready.")
     cold_start_timeout: float = _f(60.0, "PROXY_COLD_START_TIMEOUT", "Default model cold-start timeout.")

@@ -10,7 +10,7 @@ client writer from the connection's ``data_received`` (one writer call per read:
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
 and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
 that relay from the head callback already, so the first body bytes leave in the read of the head;
-an optional ``tap`` sees the relayed pieces.
+an optional ``tap`` sees the pieces before they are relayed and may replace them.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
@@ -208,9 +208,11 @@ class UpstreamResponse:
         self._client_gone = False
         self._done_cb: Callable[[Any], None] | None = None
         self._done_arg: Any = None
-        #: optional observer of the relayed body: called with the pieces of each client write, after
-        #: the write (token limits read ``usage`` this way); None (the default) costs one check per read
-        self.tap: Callable[[list[bytes]], None] | None = None
+        #: optional observer of the relayed body: called as ``tap(pieces, end)`` with the pieces of each
+        #: client write, before the write (``end``: the body ends with them); it returns None or the
+        #: pieces to write instead (the proxy's usage tap strips one event this way); None (the
+        #: default) costs one check per read
+        self.tap: Callable[[list[bytes], bool], list[bytes] | None] | None = None
 
     def __repr__(self) -> str:
         return f"<UpstreamResponse {self.status} cl={self.content_length} chunked={self.chunked}>"
@@ -252,10 +254,12 @@ class UpstreamResponse:
         if not batch or sink is None:
             return
         end = self._eof
+        if self.tap is not None:
+            batch = self._feed(batch, end)
         try:
             if not end and len(batch) == 1:
                 sink.write(batch[0])  # the common case of a paced stream: one event per read
-            else:
+            elif batch or end:
                 sink.writelines(batch, end=end)
         except Exception as exc:  # e.g. more bytes than the Content-Length the caller declared
             self._sink_error = exc
@@ -264,8 +268,6 @@ class UpstreamResponse:
             return
         for piece in batch:
             self._relayed += len(piece)
-        if self.tap is not None:
-            self._feed(batch)
         if not end and sink.flow.write_paused:
             conn = self._conn
             if conn is not None:
@@ -360,7 +362,7 @@ class UpstreamResponse:
         self._pieces.clear()
         self._buffered = 0
         if self.tap is not None and buffered:
-            self._feed(buffered)
+            buffered = self._feed(buffered, self._eof and self._error is None)
         n = 0
         for piece in buffered:
             n += len(piece)
@@ -434,13 +436,16 @@ class UpstreamResponse:
         writer.end()
         return self._relayed
 
-    def _feed(self, pieces: list[bytes]) -> None:
-        """Hand relayed pieces to the tap; a tap that fails is dropped (the relay goes on)."""
+    def _feed(self, pieces: list[bytes], end: bool) -> list[bytes]:
+        """Hand the pieces about to be relayed to the tap: the pieces to write (the tap's answer
+        when it gives one). A tap that fails is dropped (the relay goes on with the pieces as they are)."""
         tap = self.tap
         try:
-            tap(pieces)  # type: ignore[misc]
+            out = tap(pieces, end)  # type: ignore[misc]
         except Exception:
             self.tap = None
+            return pieces
+        return pieces if out is None else out
 
     def _on_client_gone(self) -> None:
         self._client_gone = True

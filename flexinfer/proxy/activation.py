@@ -151,7 +151,8 @@ class Activator:
                 if not q.cycle.done():
                     q.cycle.cancel()
                 q.cycle = None
-            self.metrics.queue_wait.labels(name).observe(time.monotonic() - t0)
+            ctx.queue_wait = time.monotonic() - t0
+            self.metrics.queue_wait.labels(name).observe(ctx.queue_wait)
 
     async def _wait(self, fut: asyncio.Future[ModelView], q: _ModelQueue, name: str, deadline: float,
                     stream_resp: ResponseWriter | None, ctx: RequestContext) -> None:

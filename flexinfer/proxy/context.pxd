@@ -4,6 +4,7 @@
 cdef class RequestContext:
     cdef public object authenticated, explain, extra_headers, key_id, model_name, path, request_id, route
     cdef public object source, sse_open, t0, tokens
+    cdef public object completion_tokens, endpoint, prompt_tokens, queue_wait, strip_usage, ttft, usage
 
 cdef class RequestIds:
     cdef public object _format, _next

@@ -17,8 +17,9 @@ ROUTE_FORWARD, ROUTE_CONTROL, ROUTE_ADMIN = 0, 1, 2
 class RequestContext:
     """What on_headers learned about a request, handed to handle()."""
 
-    __slots__ = ("authenticated", "explain", "extra_headers", "key_id", "model_name", "path", "request_id", "route",
-                 "source", "sse_open", "t0", "tokens")
+    __slots__ = ("authenticated", "completion_tokens", "endpoint", "explain", "extra_headers", "key_id", "model_name",
+                 "path", "prompt_tokens", "queue_wait", "request_id", "route", "source", "sse_open", "strip_usage", "t0",
+                 "tokens", "ttft", "usage")
 
     def __init__(self, t0: float, request_id: bytes, path: str) -> None:
         self.t0 = t0
@@ -33,6 +34,14 @@ class RequestContext:
         self.explain: bytes | None = None  # X-Flexinfer-Explain of the pick, when asked for
         self.key_id: str | None = None  # the API key's id, set only when per-key token limits are on
         self.tokens: Any = None  # the request's tokenlimits.TokenCharge, when token limits are on
+        self.usage: Any = None  # the request's usage.UsageTap, once an upstream head arrived
+        self.strip_usage = False  # the proxy asked for the stream's usage chunk: the client must not see it
+        # filled by the request path, read at its end (the access log); see docs/llm-metrics.md
+        self.endpoint = ""  # the replica (host:port) of the exchange; "" until one is picked
+        self.ttft = -1.0  # seconds from t0 to the first content event (SSE) / first body byte (else); -1 none
+        self.prompt_tokens = -1  # from the response's usage; -1 unknown
+        self.completion_tokens = -1
+        self.queue_wait = 0.0  # seconds waited for the model to become ready (activation); 0.0 none
 
 
 class RequestIds:

@@ -135,7 +135,7 @@ class Disagg:
         try:
             raw = await up.read_all(PREFILL_ANSWER_LIMIT)
         except UpstreamError as exc:
-            fwd.metrics.upstream_errors.labels(exc.reason).inc()
+            fwd.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
             self._count(view, "prefill", "error")
             raise errors.BadGateway(f"model {view.name!r}: the prefill answer failed ({exc.reason}); the decode "
                                     "step was not run", code="prefill_failed") from None

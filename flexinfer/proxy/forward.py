@@ -4,7 +4,8 @@ Owns: the upstream header set (canonical, hop-by-hop and internal headers droppe
 X-Forwarded-For set by us), the single retry on a refused connection (only when nothing was sent),
 the mapping of upstream failures to OpenAI errors, the SSE error event when an upstream dies
 mid-stream (no fake ``[DONE]``), cancelling the upstream when the client goes away, and the
-per-request metrics.
+per-request metrics (with the request's :class:`~flexinfer.proxy.usage.UsageTap`: tokens, time to
+first token, inter-token latency, the per-endpoint series; docs/llm-metrics.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.retrybudget import RetryBudget
 from flexinfer.proxy.routing import Router
 from flexinfer.proxy.tracing import Tracer
+from flexinfer.proxy.usage import UsageTap
 from flexinfer.runtime.base import Endpoint, ModelView
 from flexinfer.settings import ProxySettings
 
@@ -128,6 +130,9 @@ class Forwarder:
                 raise errors.ServiceUnavailable(
                     f"model {view.name!r} has no reachable replica", retry_after=1) from None
             self._decided(req, view, ep, strategy, source)
+            ctx = req.ctx
+            if isinstance(ctx, RequestContext):
+                ctx.endpoint = ep.key
             pool = self.pools.get(ep.host, ep.port)
             self.router.acquire(ep)
             if self.tracer is not None:  # the upstream span; its traceparent goes upstream
@@ -140,7 +145,7 @@ class Forwarder:
                     up = await pool.request(req.method, path, headers, body, on_head=begin.on_head)
             except UpstreamConnectError as exc:
                 self.router.release(ep)
-                self.metrics.upstream_errors.labels(exc.reason).inc()
+                self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
                 self._outcome(view, ep, False, "connect")
                 if not exclude and len(view.endpoints) > 1 and self.retries.take(
                         view.name, 1 + sum(self.router.load.loads([e.key for e in view.endpoints]))):
@@ -153,7 +158,7 @@ class Forwarder:
                 raise _map_upstream(exc, view) from None
             except UpstreamError as exc:
                 self.router.release(ep)
-                self.metrics.upstream_errors.labels(exc.reason).inc()
+                self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
                 self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
                 raise _map_upstream(exc, view) from None
             except BaseException:  # cancelled: after the head callback, its when_complete may have released
@@ -198,9 +203,11 @@ class Forwarder:
         open (the caller says so as an event). Run from ``forward`` or, earlier, from the read that
         carried the head (:class:`_Begin`)."""
         up.when_complete(self.router.release, ep)
-        if ctx.tokens is not None:  # token limits: watch the body for its usage
-            tap = ctx.tokens.tap
-            tap.status, tap.sse, up.tap = up.status, _is_sse(up), tap
+        # the request's one tap (token limits share it): usage, TTFT/ITL, the usage chunk we asked for
+        tap = ctx.tokens.tap if ctx.tokens is not None else UsageTap()
+        sse = _is_sse(up)
+        tap.start(up.status, sse, ctx.strip_usage and up.content_length is None, ctx.t0, stats)
+        ctx.usage = up.tap = tap
         if ctx.sse_open:  # we already answered 200 + SSE comments while the model woke up
             if up.status != 200:
                 return False
@@ -221,6 +228,7 @@ class Forwarder:
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
         begun = False  # the head callback answered the client already (_Begin)
+        t_send = time.perf_counter()  # the exchange starts: the endpoint's duration counts from here
         try:
             path = f"{ctx.path}?{req.query}" if req.query else ctx.path
             if view.disaggregated:  # prefill on one replica, then this exchange with a decode replica
@@ -238,7 +246,7 @@ class Forwarder:
                 try:
                     await up.relay(resp)
                 except UpstreamError as exc:
-                    metrics.upstream_errors.labels(exc.reason).inc()
+                    metrics.upstream_errors.labels(exc.reason, ep.key).inc()
                     if (ctx.sse_open or _is_sse(up)) and not resp.disconnected:
                         resp.write(sse_error(errors.BadGateway(f"upstream failed mid-stream ({exc.reason})")))
                     resp.abort()
@@ -246,7 +254,9 @@ class Forwarder:
                     return
                 resp.end()
                 metrics.count(view.name, up.status)
-                stats.observe_duration(time.perf_counter() - ctx.t0)
+                now = time.perf_counter()
+                stats.observe_duration(now - ctx.t0)
+                metrics.endpoint(view.name, ep.key).observe_duration(now - t_send)
             except ClientGone:
                 up.close()
                 metrics.client_aborts.labels(view.name).inc()
@@ -257,8 +267,24 @@ class Forwarder:
             finally:
                 if not up.complete_notified:
                     self.router.release(ep)
+                tap = ctx.usage
+                if tap is not None:  # what the body said: tokens (parsed once), TTFT
+                    _account(tap, ctx, stats)
         finally:
             stats.in_flight -= 1
+
+
+def _account(tap: UsageTap, ctx: RequestContext, stats: Any) -> None:
+    """The request's tokens and TTFT, from its tap, into its context and its model's counters."""
+    ctx.ttft = tap.ttft
+    usage = tap.usage()
+    if usage is not None:
+        prompt, completion = usage
+        if prompt >= 0:
+            ctx.prompt_tokens = prompt
+            stats.prompt_tokens += prompt
+        ctx.completion_tokens = completion
+        stats.completion_tokens += completion
 
 
 _TIMEOUTS = frozenset(("connect_timeout", "response_timeout", "idle_timeout"))

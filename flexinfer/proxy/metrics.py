@@ -2,8 +2,9 @@
 
 One :class:`ProxyMetrics` per proxy instance, each with its own registry (several proxies can run in
 one test process). The per-request series (requests by model and code, request duration, time to
-first byte, requests in flight) are plain integers, floats and bucket lists kept by
-:class:`ModelStats` and exported at scrape time by a custom collector with the same names, labels,
+first byte, requests in flight; tokens, time to first token, inter-token latency, and per endpoint
+the duration, docs/llm-metrics.md) are plain integers, floats and bucket lists kept by
+:class:`ModelStats` / :class:`EndpointStats` and exported at scrape time by a custom collector with the same names, labels,
 types and samples (``_created`` included) as ``prometheus_client`` objects would give: a request
 pays a few integer additions and no lock. The rarer series stay ``prometheus_client`` objects.
 Counters of the HTTP core (connections, rejections) are plain integers read at scrape time too, so
@@ -38,10 +39,17 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    60.0, 120.0, 300.0)
+#: inter-token latency: engines decode a token every ~5-100 ms; finer below 100 ms than LATENCY_BUCKETS
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+               0.3, 0.5, 1.0, 2.5, 5.0)
+#: (model, endpoint) pairs with their own series; more (an inventory churning through replicas) share
+#: the endpoint label value "other", so the label stays bounded
+MAX_ENDPOINT_SERIES = 1024
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 
 
 _LATENCY_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+_ITL_LE = [floatToGoString(b) for b in ITL_BUCKETS] + ["+Inf"]
 
 
 class ModelStats:
@@ -51,7 +59,8 @@ class ModelStats:
     of :data:`LATENCY_BUCKETS` plus one for +Inf, and their sum.
     """
 
-    __slots__ = ("created", "duration", "duration_sum", "in_flight", "ttfb", "ttfb_sum")
+    __slots__ = ("completion_tokens", "created", "duration", "duration_sum", "in_flight", "itl", "itl_sum",
+                 "prompt_tokens", "ttfb", "ttfb_sum", "ttft", "ttft_sum")
 
     def __init__(self) -> None:
         self.created = time.time()
@@ -60,6 +69,12 @@ class ModelStats:
         self.duration_sum = 0.0
         self.ttfb = [0] * (len(LATENCY_BUCKETS) + 1)
         self.ttfb_sum = 0.0
+        self.ttft = [0] * (len(LATENCY_BUCKETS) + 1)  # time to first token (SSE content event)
+        self.ttft_sum = 0.0
+        self.itl = [0] * (len(ITL_BUCKETS) + 1)  # inter-token latency (ITL_BUCKETS)
+        self.itl_sum = 0.0
+        self.prompt_tokens = 0  # from the responses' usage
+        self.completion_tokens = 0
 
     def observe_duration(self, seconds: float) -> None:
         self.duration[bisect_left(LATENCY_BUCKETS, seconds)] += 1
@@ -69,11 +84,35 @@ class ModelStats:
         self.ttfb[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.ttfb_sum += seconds
 
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.ttft_sum += seconds
 
-def _cumulative(counts: list[int]) -> list[tuple[str, float]]:
+    def observe_itl(self, seconds: float, n: int) -> None:
+        """``n`` inter-token samples of ``seconds`` each (the events of one read)."""
+        self.itl[bisect_left(ITL_BUCKETS, seconds)] += n
+        self.itl_sum += seconds * n
+
+
+class EndpointStats:
+    """The per-request duration of one (model, endpoint) pair: plain numbers like :class:`ModelStats`."""
+
+    __slots__ = ("created", "duration", "duration_sum")
+
+    def __init__(self) -> None:
+        self.created = time.time()
+        self.duration = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.duration_sum = 0.0
+
+    def observe_duration(self, seconds: float) -> None:
+        self.duration[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.duration_sum += seconds
+
+
+def _cumulative(counts: list[int], les: list[str] = _LATENCY_LE) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     total = 0
-    for le, n in zip(_LATENCY_LE, counts, strict=True):
+    for le, n in zip(les, counts, strict=True):
         total += n
         out.append((le, total))
     return out
@@ -84,6 +123,12 @@ _DURATION_HELP = "Time from request to last byte."
 _TTFB_HELP = "Time from request to the response head sent to the client."
 _IN_FLIGHT_HELP = "Requests being proxied."
 _DECISIONS_HELP = "Routing decisions (picks of a replica), by model, strategy and key source."
+_PROMPT_HELP = "Prompt tokens, from the responses' usage."
+_COMPLETION_HELP = "Completion tokens, from the responses' usage."
+_TTFT_HELP = "Time from request to the first SSE event that carries content."
+_ITL_HELP = "Time between content-carrying SSE events (events of one read share its gap)."
+_EP_DURATION_HELP = "Time from the upstream exchange's start to the last byte, by model and endpoint."
+_EP_IN_FLIGHT_HELP = "Requests open to an endpoint (host:port) of a model."
 
 
 class _RequestCollector(Collector):
@@ -115,6 +160,31 @@ class _RequestCollector(Collector):
         g = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", _IN_FLIGHT_HELP, labels=["model"])
         for m, st in models:
             g.add_metric([m], st.in_flight)
+        yield g
+        yield from self._llm(models)
+
+    def _llm(self, models: list[tuple[str, ModelStats]]) -> Iterator[Any]:
+        """Tokens, TTFT, ITL and the per-endpoint series (docs/llm-metrics.md)."""
+        owner = self._owner
+        for name, doc, attr in ((f"{PREFIX}_prompt_tokens", _PROMPT_HELP, "prompt_tokens"),
+                                (f"{PREFIX}_completion_tokens", _COMPLETION_HELP, "completion_tokens")):
+            c = CounterMetricFamily(name, doc, labels=["model"])
+            for m, st in models:
+                c.add_metric([m], getattr(st, attr), created=st.created)
+            yield c
+        yield _histogram(f"{PREFIX}_time_to_first_token_seconds", _TTFT_HELP,
+                         [(m, st.ttft, st.ttft_sum, st.created) for m, st in models])
+        yield _histogram(f"{PREFIX}_inter_token_latency_seconds", _ITL_HELP,
+                         [(m, st.itl, st.itl_sum, st.created) for m, st in models], _ITL_LE)
+        name = f"{PREFIX}_endpoint_request_duration_seconds"
+        h = HistogramMetricFamily(name, _EP_DURATION_HELP, labels=["model", "endpoint"])
+        for (m, ep), es in list(owner._endpoints.items()):
+            h.add_metric([m, ep], _cumulative(es.duration), es.duration_sum)
+            h.add_sample(f"{name}_created", {"model": m, "endpoint": ep}, es.created)
+        yield h
+        g = GaugeMetricFamily(f"{PREFIX}_endpoint_in_flight", _EP_IN_FLIGHT_HELP, labels=["model", "endpoint"])
+        for m, ep, n in owner.endpoint_load():
+            g.add_metric([m, ep], n)
         yield g
 
     def rows(self) -> list[Family]:
@@ -152,7 +222,40 @@ class _RequestCollector(Collector):
                 (decname, "counter", _DECISIONS_HELP, "", dec),
                 (dname, "histogram", _DURATION_HELP, "", duration),
                 (tname, "histogram", _TTFB_HELP, "", ttfb),
-                (f"{PREFIX}_requests_in_flight", "gauge", _IN_FLIGHT_HELP, "", in_flight)]
+                (f"{PREFIX}_requests_in_flight", "gauge", _IN_FLIGHT_HELP, "", in_flight),
+                *self._llm_rows(labelled)]
+
+    def _llm_rows(self, labelled: list[tuple[ModelStats, tuple[Labels, list[Labels]]]]) -> list[Family]:
+        """``rows()`` of the series of :meth:`_llm`."""
+        owner = self._owner
+        out: list[Family] = []
+        for name, doc, attr in ((f"{PREFIX}_prompt_tokens", _PROMPT_HELP, "prompt_tokens"),
+                                (f"{PREFIX}_completion_tokens", _COMPLETION_HELP, "completion_tokens")):
+            rows: list[SampleRow] = []
+            for st, (labels, _) in labelled:
+                rows.append((f"{name}_total", labels, getattr(st, attr)))
+                rows.append((f"{name}_created", labels, st.created))
+            out.append((name, "counter", doc, "", rows))
+        ttft: list[SampleRow] = []
+        itl: list[SampleRow] = []
+        tname, iname = f"{PREFIX}_time_to_first_token_seconds", f"{PREFIX}_inter_token_latency_seconds"
+        for st, (labels, les) in labelled:
+            _histogram_rows(ttft, tname, labels, les, st.ttft, st.ttft_sum, st.created)
+            ites = [(*labels, ("le", le)) for le in _ITL_LE]
+            _histogram_rows(itl, iname, labels, ites, st.itl, st.itl_sum, st.created)
+        out.append((tname, "histogram", _TTFT_HELP, "", ttft))
+        out.append((iname, "histogram", _ITL_HELP, "", itl))
+        ename = f"{PREFIX}_endpoint_request_duration_seconds"
+        eps: list[SampleRow] = []
+        for (m, ep), es in list(owner._endpoints.items()):
+            elabels: Labels = (("model", m), ("endpoint", ep))
+            _histogram_rows(eps, ename, elabels, [(*elabels, ("le", le)) for le in _LATENCY_LE], es.duration,
+                            es.duration_sum, es.created)
+        out.append((ename, "histogram", _EP_DURATION_HELP, "", eps))
+        gname = f"{PREFIX}_endpoint_in_flight"
+        out.append((gname, "gauge", _EP_IN_FLIGHT_HELP, "",
+                    [(gname, (("model", m), ("endpoint", ep)), n) for m, ep, n in owner.endpoint_load()]))
+        return out
 
     def _model_labels(self, model: str) -> tuple[Labels, list[Labels]]:
         got = self._labels.get(model)
@@ -162,10 +265,11 @@ class _RequestCollector(Collector):
         return got
 
 
-def _histogram(name: str, doc: str, series: list[tuple[str, list[int], float, float]]) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, series: list[tuple[str, list[int], float, float]],
+               les: list[str] = _LATENCY_LE) -> HistogramMetricFamily:
     h = HistogramMetricFamily(name, doc, labels=["model"])
     for model, counts, total, created in series:
-        h.add_metric([model], _cumulative(counts), total)
+        h.add_metric([model], _cumulative(counts, les), total)
         h.add_sample(f"{name}_created", {"model": model}, created)
     return h
 
@@ -216,9 +320,12 @@ class ProxyMetrics:
         self._decisions: dict[tuple[str, str, str], int] = {}
         self._decisions_created: dict[tuple[str, str, str], float] = {}
         self._models: dict[str, ModelStats] = {}
+        self._endpoints: dict[tuple[str, str], EndpointStats] = {}
+        #: (model, endpoint, requests open) of every endpoint of the inventory, read at scrape time
+        self.endpoint_load: Callable[[], list[tuple[str, str, int]]] = list
         reg.register(_RequestCollector(self))
-        self.upstream_errors = Counter(f"{PREFIX}_upstream_errors", "Upstream failures by reason.",
-                                       ["reason"], registry=reg)
+        self.upstream_errors = Counter(f"{PREFIX}_upstream_errors", "Upstream failures by reason and endpoint.",
+                                       ["reason", "endpoint"], registry=reg)
         self.upstream_retries = Counter(f"{PREFIX}_upstream_retries",
                                         "Requests retried on another replica before anything was sent.",
                                         ["model"], registry=reg)
@@ -258,6 +365,19 @@ class ProxyMetrics:
         if st is None:
             st = self._models[model] = ModelStats()
         return st
+
+    def endpoint(self, model: str, endpoint: str) -> EndpointStats:
+        """The per-request numbers of one endpoint of a model, made on first use (bounded:
+        :data:`MAX_ENDPOINT_SERIES` pairs, then endpoint ``other``)."""
+        key = (model, endpoint)
+        es = self._endpoints.get(key)
+        if es is None:
+            if len(self._endpoints) >= MAX_ENDPOINT_SERIES:
+                key = (model, "other")
+                es = self._endpoints.get(key)
+            if es is None:
+                es = self._endpoints[key] = EndpointStats()
+        return es
 
     def count(self, model: str, code: int) -> None:
         """One answered request of ``model`` with status ``code``."""

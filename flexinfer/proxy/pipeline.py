@@ -22,7 +22,7 @@ from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.http.server import HTTPServer
-from flexinfer.proxy import accesslog, debugview, extract, tracing
+from flexinfer.proxy import accesslog, debugview, extract, tracing, usage
 from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
@@ -100,6 +100,8 @@ class ProxyHandler:
         if self.tracer is not None:  # the request span around handle (flexinfer.proxy.tracing)
             self.handle = self.tracer.wrap(self.handle)  # type: ignore[method-assign, assignment]
         self.forwarder = Forwarder(self.pools, self.router, self.metrics, settings, self.tracer)
+        self._ask_usage = settings.stream_usage
+        self.metrics.endpoint_load = self._endpoint_load
         self.admin = admin  # extra routes (the local runtime's /running, /logs, ...)
         self.new_request_id = request_ids.new
         self.server: HTTPServer | None = None
@@ -111,6 +113,11 @@ class ProxyHandler:
     def attach(self, server: HTTPServer) -> None:
         self.server = server
         self.metrics.bind_server_stats(lambda: server.stats)
+
+    def _endpoint_load(self) -> list[tuple[str, str, int]]:
+        """(model, endpoint, requests open) of every endpoint of the inventory (scrape time only)."""
+        open_ = self.router.in_flight
+        return [(v.name, ep.key, open_.get(ep.key, 0)) for v in self.inventory.models() for ep in v.endpoints]
 
     @property
     def draining(self) -> bool:
@@ -242,6 +249,10 @@ class ProxyHandler:
                 self.metrics.max_tokens_clamped.labels(view.name).inc()
             elif data is not None and "model" in data:
                 body = extract.rewrite_model(body, data, target, model_scan)
+            if self._ask_usage and data is not None and data.get("stream") is True and ctx.path in usage.USAGE_PATHS:
+                asked = usage.ask_usage(body, data)  # the stream's usage for the metrics; stripped again
+                if asked is not None:
+                    body, ctx.strip_usage = asked, True
             await self.forwarder.forward(req, resp, ctx, view, data, body)
         except FlexInferError as exc:
             self._error(resp, ctx, exc, model_label)

@@ -4,10 +4,9 @@ Owns: the input-token estimate of a request body (prompt characters / ``PROXY_TO
 the admission of that estimate against the buckets ``tokens:model:<name>`` and ``tokens:key:<id>``
 (id: the first 16 hex digits of the bearer token's SHA-256, never the token), the 429
 ``rate_limit_exceeded`` refusal (``Retry-After``, ``retry-after-ms``, counted in
-``flexinfer_proxy_rate_limited_total{model,scope="tokens-model"|"tokens-key"}``), the
-:class:`UsageTap` that watches a relayed response body (bounded: a 16 KiB tail and an event count),
-and the charge after the response: ``prompt_tokens + completion_tokens`` of the response's ``usage``
-minus what admission took (debt when more: the next requests wait; a refund when less).
+``flexinfer_proxy_rate_limited_total{model,scope="tokens-model"|"tokens-key"}``), and the charge after the response: ``prompt_tokens + completion_tokens`` of the response's ``usage``
+minus what admission took (debt when more: the next requests wait; a refund when less), read from
+the request's one :class:`flexinfer.proxy.usage.UsageTap` (re-exported here with ``parse_usage``).
 Must not: do I/O, parse a body it was not handed, log per request, or let anything about a
 response's ``usage`` (absent, malformed, huge) fail or delay the response to the client.
 
@@ -31,23 +30,16 @@ for longer than ``burst / rate`` past empty), and token counts above 10**9 are c
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from flexinfer.errors import RateLimited
 from flexinfer.proxy.metrics import ProxyMetrics
+from flexinfer.proxy.usage import MAX_TOKENS, TAIL_BYTES, UsageTap, parse_usage
 from flexinfer.settings import ProxySettings
 
-__all__ = ["TAIL_BYTES", "TokenBuckets", "TokenCharge", "TokenLimiter", "UsageTap", "estimate_tokens", "key_id",
-           "parse_usage"]
-
-TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
-MAX_TOKENS = 10**9  # a usage count above this is clamped
-_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')  # a non-empty content/text string starts
-_USAGE = re.compile(rb'"usage"\s*:\s*\{((?:[^{}]|\{[^{}]*\})*)\}')  # one nesting level (token details)
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,15})')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,15})')
+__all__ = ["MAX_TOKENS", "TAIL_BYTES", "TokenBuckets", "TokenCharge", "TokenLimiter", "UsageTap", "estimate_tokens",
+           "key_id", "parse_usage"]
 
 
 class TokenBuckets(Protocol):
@@ -91,45 +83,6 @@ def estimate_tokens(data: dict[str, Any] | None, body_len: int, divisor: float) 
     return chars / divisor
 
 
-def parse_usage(tail: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of the last usage object in ``tail``, or None."""
-    last = None
-    for m in _USAGE.finditer(tail):
-        last = m
-    if last is None:
-        return None
-    inner = last.group(1)
-    p, c = _PROMPT.search(inner), _COMPLETION.search(inner)
-    if p is None and c is None:
-        return None
-    return (min(int(p.group(1)), MAX_TOKENS) if p else -1, min(int(c.group(1)), MAX_TOKENS) if c else 0)
-
-
-class UsageTap:
-    """Called by ``UpstreamResponse`` with the body pieces it relays: keeps the last
-    :data:`TAIL_BYTES` and, for SSE, counts content-bearing events."""
-
-    __slots__ = ("events", "sse", "status", "tail")
-
-    def __init__(self) -> None:
-        self.tail = bytearray()
-        self.events = 0
-        self.sse = False
-        self.status: int | None = None  # the upstream status, once a response head arrived
-
-    def __call__(self, pieces: list[bytes]) -> None:
-        tail = self.tail
-        for p in pieces:
-            if self.sse:
-                self.events += len(_CONTENT.findall(p))
-            if len(p) >= TAIL_BYTES:
-                tail[:] = p[-TAIL_BYTES:]
-            else:
-                tail += p
-                if len(tail) > 2 * TAIL_BYTES:
-                    del tail[:-TAIL_BYTES]
-
-
 class TokenCharge:
     """One admitted request's token account: what admission took, settled once after the response."""
 
@@ -141,16 +94,13 @@ class TokenCharge:
         self._scopes = scopes
         self.estimate = estimate
         self.taken = taken
-        self.tap = UsageTap()
+        self.tap = UsageTap()  # the request's one tap: the forwarder installs it (metrics read it too)
         self.settled = 0.0  # the tokens finally charged (prompt + completion), for tests and logs
 
     def used(self) -> float:
         """The tokens this request used, as far as the tap saw."""
         tap = self.tap
-        try:
-            usage = parse_usage(bytes(tap.tail)) if tap.tail else None
-        except Exception:  # never let a usage object hurt: fall back to the estimate
-            usage = None
+        usage = tap.usage()  # parsed once per request (the metrics read the same result)
         if usage is None and (tap.status is None or tap.status >= 400):
             return 0.0  # never reached an engine, or the engine refused it
         prompt = float(usage[0]) if usage is not None and usage[0] >= 0 else self.estimate

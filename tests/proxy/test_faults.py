@@ -159,4 +159,5 @@ def test_post_reset_on_a_reused_connection_is_not_sent_twice(stack: Stack) -> No
     assert len(stack.stub.requests) == 2
     with urllib.request.urlopen(stack.url + "/metrics", timeout=5) as r:
         text = r.read().decode()
-    assert 'flexinfer_proxy_upstream_errors_total{reason="not_replayed"} 1.0' in text
+    ep = f"127.0.0.1:{stack.stub.port}"
+    assert f'flexinfer_proxy_upstream_errors_total{{endpoint="{ep}",reason="not_replayed"}} 1.0' in text

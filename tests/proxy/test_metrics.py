@@ -77,7 +77,7 @@ def test_a_single_shared_worker_renders_exactly_what_prometheus_client_does(tmp_
         m.rate_limited.labels(model, "global").inc()
         m.queue_wait.labels(model).observe(2e6)
     m.model("a").duration_sum = 12345678.5  # a value that floatToGoString writes with an exponent
-    m.upstream_errors.labels("timeout").inc()
+    m.upstream_errors.labels("timeout", "10.0.0.1:8000").inc()
     m.bind_server_stats(lambda: SimpleNamespace(connections_active=1, connections_total=2, rejections={}))
     want = generate_latest(m.registry)
     assert m.render() == want

@@ -66,7 +66,7 @@ def test_counts_add_histograms_merge_created_is_min_gauges_sum_or_carry_the_work
     m1.model("a").observe_duration(7.0)
     m1.model("a").in_flight = 3
     m1.queue_wait.labels("a").observe(0.3)
-    m1.upstream_errors.labels("refused").inc(4)
+    m1.upstream_errors.labels("refused", "10.0.0.1:8000").inc(4)
     m0 = shared(tmp_path, 0)
     for _ in range(3):
         m0.count("a", 200)
@@ -89,7 +89,7 @@ def test_counts_add_histograms_merge_created_is_min_gauges_sum_or_carry_the_work
     got = samples(text)
     assert value(got, REQ, model="a", code="200") == 5
     assert value(got, REQ, model="b", code="404") == 1
-    assert value(got, f"{PREFIX}_upstream_errors_total", reason="refused") == 4
+    assert value(got, f"{PREFIX}_upstream_errors_total", reason="refused", endpoint="10.0.0.1:8000") == 4
     created = f"{PREFIX}_requests_created"
     firsts = [value(o, created, model="a", code="200") for o in own]
     assert value(got, created, model="a", code="200") == min(firsts)

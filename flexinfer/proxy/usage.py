@@ -1,0 +1,239 @@
+"""What a relayed response body says about tokens: its ``usage``, its first token and the gaps
+between tokens, and the one usage chunk the proxy asked for on a client's behalf.
+
+Owns: :class:`UsageTap`, the one observer of a relayed body per request (``UpstreamResponse.tap``,
+called by the relay with the pieces of each upstream read before they are written): it keeps the
+body's last :data:`TAIL_BYTES` (parsed once, at the end, by :meth:`UsageTap.usage`); for SSE it
+counts content-carrying events, times the first of them (time to first token) and the gaps between
+the reads that carry them (inter-token latency), and, when the proxy added
+``stream_options.include_usage`` to the request (:func:`ask_usage`), removes the usage-only event
+that this made the engine send, leaving every other byte of the stream as it came.
+:func:`parse_usage`, shared with token limits (``tokenlimits.TokenCharge``).
+Must not: parse JSON per event, allocate per event on the common path (a read of whole events, no
+usage object), do I/O, or let anything in a body (absent, malformed, huge usage) fail or delay the
+response; a tap that raises is dropped by the relay, which goes on.
+
+Rules (docs/llm-metrics.md). A content event is a ``data:`` event with a non-empty ``"content"``
+(chat) or ``"text"`` (completions) string; the role-only first chunk (``"content":""``) is not
+one. Events of one read arrive at the same instant: a read carrying ``k`` content events ``g``
+seconds after the previous content read gives ``k`` inter-token samples of ``g / k``; the first
+content read gives the time to first token and ``k - 1`` samples of 0 (so a stream of ``n``
+content events gives ``n - 1`` samples). The stripped event is a ``data:`` event whose ``usage`` is
+an object and whose ``choices`` is an empty list (the shape ``include_usage`` adds); a partial event
+at the end of a read is held back until its end only while it could still be that event (no
+non-empty ``choices`` seen yet), at most :data:`HOLD_BYTES`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import orjson
+
+__all__ = ["HOLD_BYTES", "MAX_TOKENS", "TAIL_BYTES", "UsageTap", "ask_usage", "content_events", "parse_usage"]
+
+TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
+HOLD_BYTES = 64 * 1024  # a partial event held back longer than this is let through (stripping stops)
+MAX_TOKENS = 10**9  # a usage count above this is clamped
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,15})')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,15})')
+_USAGE_OBJ = re.compile(rb'"usage"\s*:\s*\{')
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_SOME_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
+_BOUNDARY = re.compile(rb"\r?\n\r?\n")  # the blank line that ends an SSE event
+_ASK = b'{"stream_options":{"include_usage":true},'
+#: the paths whose streams carry usage when asked (``stream_options`` is theirs)
+USAGE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+
+
+def parse_usage(tail: bytes | bytearray) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) of the last usage object in ``tail``, or None (a
+    missing prompt count is -1, a missing completion count 0). Found with ``rfind``/``find``
+    (a regex that walks the object character by character cost ~10 us per answer)."""
+    i = tail.rfind(b'"usage"')
+    while i >= 0:
+        m = _USAGE_OBJ.match(tail, i)  # "usage": {  (not null, not a string)
+        if m is not None:
+            break
+        i = tail.rfind(b'"usage"', 0, i)
+    else:
+        return None
+    start = j = m.end()
+    depth = 1
+    while depth:  # the object's closing brace (nested objects: token details)
+        close = tail.find(b"}", j)
+        if close < 0:
+            return None  # cut off
+        inner_open = tail.find(b"{", j, close)
+        if inner_open >= 0:
+            depth += 1
+            if depth > 4:
+                return None
+            j = inner_open + 1
+        else:
+            depth -= 1
+            j = close + 1
+    inner = tail[start:j - 1]
+    p, c = _PROMPT.search(inner), _COMPLETION.search(inner)
+    if p is None and c is None:
+        return None
+    return (min(int(p.group(1)), MAX_TOKENS) if p else -1, min(int(c.group(1)), MAX_TOKENS) if c else 0)
+
+
+def content_events(p: bytes) -> int:
+    """Content-carrying events in a piece of an SSE body: non-empty ``"content"`` / ``"text"``
+    strings, compact or with a space after the colon (a few ``bytes`` scans, no allocation)."""
+    n = 0
+    if b'"content":' in p:
+        n = p.count(b'"content":"') - p.count(b'"content":""')
+        if n == 0 and b'"content": "' in p:
+            n = p.count(b'"content": "') - p.count(b'"content": ""')
+    if n == 0 and b'"text":' in p:
+        n = p.count(b'"text":"') - p.count(b'"text":""')
+        if n == 0 and b'"text": "' in p:
+            n = p.count(b'"text": "') - p.count(b'"text": ""')
+    return n
+
+
+def ask_usage(body: bytes, data: dict[str, Any]) -> bytes | None:
+    """The body of a streaming request that did not ask for usage, asking for it
+    (``stream_options.include_usage``); None when it asked already or cannot be changed safely
+    (``stream_options`` that is not an object, or vLLM's ``continuous_usage_stats``, which would
+    put usage into every event). The key is spliced in after the opening brace when absent (no
+    re-encoding), else the parsed object is re-encoded."""
+    opts = data.get("stream_options")
+    if opts is None and "stream_options" not in data:
+        start = body.find(b"{")
+        if start < 0:
+            return None
+        return body[:start] + _ASK + body[start + 1:] if len(data) else None
+    if not isinstance(opts, dict) or opts.get("include_usage") or opts.get("continuous_usage_stats"):
+        return None
+    out = dict(data)
+    out["stream_options"] = {**opts, "include_usage": True}
+    return orjson.dumps(out)
+
+
+class UsageTap:
+    """Called by ``UpstreamResponse`` with the body pieces of each upstream read, before they are
+    written: returns None (write them as they are) or the pieces to write instead (stripping).
+    Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
+
+    __slots__ = ("_held", "_mid", "_parsed", "_usage", "events", "sse", "stats", "status", "strip", "stripped",
+                 "t0", "t_last", "tail", "ttft")
+
+    def __init__(self) -> None:
+        self.tail = bytearray()
+        self.events = 0  # content-carrying SSE events seen
+        self.sse = False
+        self.status: int | None = None  # the upstream status, once a response head arrived
+        self.strip = False  # remove the usage-only event (the proxy asked for it, the client did not)
+        self.stripped = 0  # events removed
+        self.stats: Any = None  # metrics.ModelStats: where TTFT and ITL go (None: not recorded)
+        self.t0 = 0.0  # perf_counter() of the request's arrival
+        self.ttft = -1.0  # seconds from t0 to the first content event (SSE) or first body piece (else)
+        self.t_last = 0.0
+        self._held = b""  # a partial event held back (stripping)
+        self._mid = False  # the last read ended inside an event that was let through
+        self._parsed = False
+        self._usage: tuple[int, int] | None = None
+
+    def start(self, status: int, sse: bool, strip: bool, t0: float, stats: Any) -> None:
+        """The response head is in: what kind of body follows."""
+        self.status = status
+        self.sse = sse
+        self.strip = strip and sse
+        self.t0 = t0
+        self.stats = stats
+
+    def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
+        if not pieces:
+            return None
+        # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
+        # once instead of piece by piece (and a marker cut between two pieces of a read is whole)
+        buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        tail = self.tail
+        if len(buf) >= TAIL_BYTES:
+            tail[:] = buf[-TAIL_BYTES:]
+        else:
+            tail += buf
+            if len(tail) > 2 * TAIL_BYTES:
+                del tail[:-TAIL_BYTES]
+        if not self.sse:
+            if self.ttft < 0:
+                self.ttft = time.perf_counter() - self.t0
+            return None
+        n = content_events(buf)
+        if n:
+            self._timing(n)
+        if self.strip:
+            return self._strip(buf, end)
+        return None
+
+    def _timing(self, n: int) -> None:
+        t = time.perf_counter()
+        self.events += n
+        st = self.stats
+        if self.ttft < 0:
+            self.ttft = t - self.t0
+            if st is not None:
+                st.observe_ttft(self.ttft)
+                if n > 1:
+                    st.observe_itl(0.0, n - 1)
+        elif st is not None:
+            st.observe_itl((t - self.t_last) / n, n)
+        self.t_last = t
+
+    def _strip(self, buf: bytes, end: bool) -> list[bytes] | None:
+        # the common read: whole events (it ends at an event's end), no usage object in it
+        if not self._held and (buf.endswith(b"\n\n") or buf.endswith(b"\r\n\r\n")) and (
+                b'"usage"' not in buf or _USAGE_OBJ.search(buf) is None):
+            self._mid = False
+            return None
+        return self._strip_slow(buf, end)
+
+    def _strip_slow(self, buf: bytes, end: bool) -> list[bytes]:
+        if self._held:
+            buf = self._held + buf
+        self._held = b""
+        keep: list[bytes] = []
+        pos = kept_from = 0
+        for m in _BOUNDARY.finditer(buf):
+            ev = buf[pos:m.start()]
+            if self._mid:  # the rest of an event whose start went out already: never removed
+                self._mid = False
+            elif (ev.startswith(b"data:") or b"\ndata:" in ev) and _USAGE_OBJ.search(ev) is not None and _NO_CHOICES.search(ev) is not None:
+                if kept_from < pos:
+                    keep.append(buf[kept_from:pos])
+                kept_from = m.end()
+                self.stripped += 1
+            pos = m.end()
+        rest = buf[pos:]
+        if rest and not end and len(rest) <= HOLD_BYTES and not self._mid \
+                and _SOME_CHOICES.search(rest) is None:
+            self._held = rest  # it may still become the usage-only event: wait for its end
+            buf = buf[:pos]
+        elif rest:
+            self._mid = True  # the start of an event goes out; the next read carries its end
+            if len(rest) > HOLD_BYTES:
+                self.strip = False
+            elif not end:  # line ends at the cut may be half a boundary: the next read decides
+                cut = pos + len(rest.rstrip(b"\r\n"))
+                if cut < len(buf):
+                    self._held = buf[cut:]
+                    buf = buf[:cut]
+        if kept_from < len(buf):
+            keep.append(buf[kept_from:] if kept_from else buf)
+        return keep
+
+    def usage(self) -> tuple[int, int] | None:
+        """(prompt_tokens, completion_tokens) of the body's last usage object, or None; parsed once."""
+        if not self._parsed:
+            self._parsed = True
+            try:
+                self._usage = parse_usage(self.tail) if self.tail else None
+            except Exception:  # never let a usage object hurt
+                self._usage = None
+        return self._usage
