@@ -42,6 +42,7 @@ MODULES: tuple[str, ...] = (
     "flexinfer.http.upstream",
     "flexinfer.proxy.context",
     "flexinfer.proxy.extract",
+    "flexinfer.proxy.usage",
     "flexinfer.proxy.pipeline",
     "flexinfer.proxy.forward",
 )

@@ -30,6 +30,7 @@ __all__ = [
     "SharedBuckets",
     "SharedCounts",
     "SharedPrefixes",
+    "SseClock",
     "TableFull",
     "TokenBucket",
     "best_of",
@@ -41,9 +42,10 @@ __all__ = [
     "least_request",
     "load",
     "model_key_scan",
+    "sse_scan",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "schedkern", "shmstate", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -82,6 +84,8 @@ if TYPE_CHECKING:
     from .shmstate_py import SharedPrefixes as SharedPrefixes
     from .shmstate_py import TableFull as TableFull
     from .shmstate_py import key_hash as key_hash
+    from .ssescan_py import SseClock as SseClock
+    from .ssescan_py import sse_scan as sse_scan
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
@@ -102,6 +106,10 @@ else:
     TableFull = _shmstate.TableFull
     key_hash = _shmstate.key_hash
     del _shmstate
+    _ssescan = _pick("ssescan")
+    sse_scan = _ssescan.sse_scan
+    SseClock = _ssescan.SseClock
+    del _ssescan
     _tokenbucket = _pick("tokenbucket")
     TokenBucket = _tokenbucket.TokenBucket
     BucketRegistry = _tokenbucket.BucketRegistry

@@ -277,6 +277,7 @@ class Forwarder:
 def _account(tap: UsageTap, ctx: RequestContext, stats: Any) -> None:
     """The request's tokens and TTFT, from its tap, into its context and its model's counters."""
     ctx.ttft = tap.ttft
+    tap.finish()
     usage = tap.usage()
     if usage is not None:
         prompt, completion = usage

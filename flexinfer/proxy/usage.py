@@ -32,6 +32,10 @@ from typing import Any
 
 import orjson
 
+from flexinfer._speedups import SseClock, sse_scan
+from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
+from flexinfer.proxy.metrics import ITL_BUCKETS
+
 __all__ = ["HOLD_BYTES", "MAX_TOKENS", "TAIL_BYTES", "UsageTap", "ask_usage", "content_events", "parse_usage"]
 
 TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
@@ -83,18 +87,9 @@ def parse_usage(tail: bytes | bytearray) -> tuple[int, int] | None:
 
 
 def content_events(p: bytes) -> int:
-    """Content-carrying events in a piece of an SSE body: non-empty ``"content"`` / ``"text"``
-    strings, compact or with a space after the colon (a few ``bytes`` scans, no allocation)."""
-    n = 0
-    if b'"content":' in p:
-        n = p.count(b'"content":"') - p.count(b'"content":""')
-        if n == 0 and b'"content": "' in p:
-            n = p.count(b'"content": "') - p.count(b'"content": ""')
-    if n == 0 and b'"text":' in p:
-        n = p.count(b'"text":"') - p.count(b'"text":""')
-        if n == 0 and b'"text": "' in p:
-            n = p.count(b'"text": "') - p.count(b'"text": ""')
-    return n
+    """Content-carrying events in a piece of an SSE body (the rule of
+    :mod:`flexinfer._speedups.ssescan_py`: non-empty ``content``, ``reasoning_content`` or ``text``)."""
+    return sse_scan(p) >> 2
 
 
 def ask_usage(body: bytes, data: dict[str, Any]) -> bytes | None:
@@ -121,12 +116,12 @@ class UsageTap:
     written: returns None (write them as they are) or the pieces to write instead (stripping).
     Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
 
-    __slots__ = ("_held", "_mid", "_parsed", "_usage", "events", "sse", "stats", "status", "strip", "stripped",
-                 "t0", "t_last", "tail", "ttft")
+    __slots__ = ("_held", "_mid", "_parsed", "_usage", "clock", "sse", "stats", "status", "strip", "stripped",
+                 "t0", "tail", "ttft")
 
     def __init__(self) -> None:
         self.tail = bytearray()
-        self.events = 0  # content-carrying SSE events seen
+        self.clock: Any = None  # SSE: the per-read accounting (flexinfer._speedups.SseClock)
         self.sse = False
         self.status: int | None = None  # the upstream status, once a response head arrived
         self.strip = False  # remove the usage-only event (the proxy asked for it, the client did not)
@@ -134,7 +129,6 @@ class UsageTap:
         self.stats: Any = None  # metrics.ModelStats: where TTFT and ITL go (None: not recorded)
         self.t0 = 0.0  # perf_counter() of the request's arrival
         self.ttft = -1.0  # seconds from t0 to the first content event (SSE) or first body piece (else)
-        self.t_last = 0.0
         self._held = b""  # a partial event held back (stripping)
         self._mid = False  # the last read ended inside an event that was let through
         self._parsed = False
@@ -147,52 +141,59 @@ class UsageTap:
         self.strip = strip and sse
         self.t0 = t0
         self.stats = stats
+        self.clock = SseClock(ITL_BUCKETS, t0) if sse else None
 
     def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
+        """The pieces of one upstream read, before they are written (see the class docstring).
+        The common read of a stream (whole events, no usage object) costs one compiled call
+        (:class:`flexinfer._speedups.SseClock`: the scan, the clock, the gap's bucket) and no
+        copy: only reads that may carry a usage object are kept for :meth:`usage`."""
         if not pieces:
             return None
         # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
         # once instead of piece by piece (and a marker cut between two pieces of a read is whole)
         buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        tail = self.tail
-        if len(buf) >= TAIL_BYTES:
-            tail[:] = buf[-TAIL_BYTES:]
-        else:
+        clock = self.clock
+        if clock is None:  # not SSE: keep the tail (the usage object ends the body)
+            tail = self.tail
             tail += buf
             if len(tail) > 2 * TAIL_BYTES:
                 del tail[:-TAIL_BYTES]
-        if not self.sse:
             if self.ttft < 0:
                 self.ttft = time.perf_counter() - self.t0
             return None
-        n = content_events(buf)
-        if n:
-            self._timing(n)
+        scan = clock.feed(buf)
+        if scan & KEEP:  # a usage object (or part of one) may be in this read
+            tail = self.tail
+            tail += buf
+            if len(tail) > 2 * TAIL_BYTES:
+                del tail[:-TAIL_BYTES]
+        if self.ttft < 0 and clock.ttft >= 0:  # the first content event: time to first token
+            self.ttft = clock.ttft
+            if self.stats is not None:
+                self.stats.observe_ttft(self.ttft)
         if self.strip:
-            return self._strip(buf, end)
+            # the common read: whole events, no usage object ("usage":null, vLLM's, is not one)
+            if self._held or not scan & WHOLE or scan & USAGE_OBJECT:
+                return self._strip_slow(buf, end)
+            self._mid = False
         return None
 
-    def _timing(self, n: int) -> None:
-        t = time.perf_counter()
-        self.events += n
-        st = self.stats
-        if self.ttft < 0:
-            self.ttft = t - self.t0
-            if st is not None:
-                st.observe_ttft(self.ttft)
-                if n > 1:
-                    st.observe_itl(0.0, n - 1)
-        elif st is not None:
-            st.observe_itl((t - self.t_last) / n, n)
-        self.t_last = t
+    @property
+    def events(self) -> int:
+        """Content-carrying SSE events seen (0 for other bodies)."""
+        return 0 if self.clock is None else int(self.clock.events)
 
-    def _strip(self, buf: bytes, end: bool) -> list[bytes] | None:
-        # the common read: whole events (it ends at an event's end), no usage object in it
-        if not self._held and (buf.endswith(b"\n\n") or buf.endswith(b"\r\n\r\n")) and (
-                b'"usage"' not in buf or _USAGE_OBJ.search(buf) is None):
-            self._mid = False
-            return None
-        return self._strip_slow(buf, end)
+    def finish(self) -> None:
+        """The body is over: its inter-token gaps go into the model's histogram (once per body)."""
+        clock, st = self.clock, self.stats
+        if clock is not None and st is not None:
+            self.stats = None  # once
+            itl = st.itl
+            for i, c in enumerate(clock.itl):
+                if c:
+                    itl[i] += c
+            st.itl_sum += clock.itl_sum
 
     def _strip_slow(self, buf: bytes, end: bool) -> list[bytes]:
         if self._held:

@@ -7,6 +7,7 @@ real redis-server; the usage parser and the estimate."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -148,16 +149,18 @@ def test_client_leaving_mid_stream_is_charged_for_what_it_saw(stack: Stack) -> N
 
 
 def _spy_taps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the relayed reads a UsageTap sees (UpstreamResponse is an extension type in the
-    compiled build, so the spy sits on the tap, a plain class)."""
+    """Count the relayed reads a UsageTap sees. UsageTap is an extension type in the compiled
+    build (its methods cannot be patched), so the spy is a subclass put where taps are made."""
     seen: list[int] = []
-    call = UsageTap.__call__
 
-    def spy(self: UsageTap, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
-        seen.append(len(pieces))
-        return call(self, pieces, end)
+    class SpyTap(UsageTap):
+        def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
+            seen.append(len(pieces))
+            return super().__call__(pieces, end)
 
-    monkeypatch.setattr(UsageTap, "__call__", spy)
+    from flexinfer.proxy import forward, tokenlimits
+    monkeypatch.setattr(forward, "UsageTap", SpyTap)
+    monkeypatch.setattr(tokenlimits, "UsageTap", SpyTap)
     return seen
 
 
@@ -220,7 +223,7 @@ def test_parse_usage() -> None:
 
 def test_tap_is_bounded_and_counts_content_events() -> None:
     tap = UsageTap()
-    tap.sse = True
+    tap.start(200, True, False, time.perf_counter(), None)
     ev = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
     role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
     tap([role, ev * 1000])

@@ -1,0 +1,88 @@
+"""One pass over a piece of an SSE body for what the proxy's usage tap needs: the reference twin
+of ssescan_c.
+
+Owns: :func:`sse_scan` and :class:`SseClock` (the per-read accounting of one stream, below). A *content event* is a key ``"content"``, ``"reasoning_content"`` or
+``"text"`` (exact bytes, so an escaped ``\\"content\\"`` inside a string never counts), then optional
+whitespace, ``:``, optional whitespace, ``"`` and one more byte that is not ``"`` (a non-empty
+string). A *usage object* is a key ``"usage"``, optional whitespace, ``:``, optional whitespace,
+``{`` (``"usage":null``, which vLLM puts in every chunk once usage is asked for, is not one).
+*Whole*: the piece ends at an event's end (``\\n\\n`` or ``\\r\\n\\r\\n``).
+Must not: parse JSON, allocate per event, or import anything of ours.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from bisect import bisect_left
+
+__all__ = ["KEEP", "USAGE_OBJECT", "WHOLE", "SseClock", "sse_scan"]
+
+#: flag bits of the result (the content-event count is ``result >> 2``)
+USAGE_OBJECT = 2
+WHOLE = 1
+
+_KEY = re.compile(rb'"(content|reasoning_content|text|usage)"[ \t\r\n]*:[ \t\r\n]*')
+
+
+def sse_scan(buf: bytes) -> int:
+    """``(content events << 2) | USAGE_OBJECT? | WHOLE?`` for ``buf`` (see the module docstring)."""
+    n = 0
+    flags = WHOLE if buf.endswith(b"\n\n") or buf.endswith(b"\r\n\r\n") else 0
+    size = len(buf)
+    for m in _KEY.finditer(buf):
+        j = m.end()
+        if j >= size:
+            continue
+        if m.group(1) == b"usage":
+            if buf[j] == 123:  # '{'
+                flags |= USAGE_OBJECT
+        elif buf[j] == 34 and j + 1 < size and buf[j + 1] != 34:  # '"' then not '"'
+            n += 1
+    return (n << 2) | flags
+
+
+#: flag bits of :meth:`SseClock.feed` beyond :func:`sse_scan`'s: keep this read for the usage parse
+#: (a usage object, a read that ends mid-event, or the read after one)
+KEEP = 4 << 30
+
+
+class SseClock:
+    """The per-read accounting of one SSE body: content events, the time of the first one and
+    the inter-token gaps, bucketed by ``bounds`` (the rule of ``flexinfer.proxy.usage``: a read of
+    ``k`` content events ``g`` seconds after the previous content read counts ``k`` gaps of ``g/k``;
+    the first content read counts ``k - 1`` gaps of 0). Times are ``time.perf_counter()``.
+
+    ``feed(buf)`` returns :func:`sse_scan`'s result, plus :data:`KEEP` when the read may carry (part
+    of) a usage object. ``events``, ``ttft`` (seconds from ``t0``, -1.0 before the first content
+    event), ``itl`` (one count per bucket of ``bounds``, plus one for +Inf), ``itl_sum``."""
+
+    __slots__ = ("_open", "bounds", "events", "itl", "itl_sum", "t0", "t_last", "ttft")
+
+    def __init__(self, bounds: tuple[float, ...], t0: float) -> None:
+        self.bounds = bounds
+        self.t0 = t0
+        self.events = 0
+        self.ttft = -1.0
+        self.t_last = 0.0
+        self.itl = [0] * (len(bounds) + 1)
+        self.itl_sum = 0.0
+        self._open = False
+
+    def feed(self, buf: bytes) -> int:
+        scan = sse_scan(buf)
+        n = scan >> 2
+        if n:
+            t = time.perf_counter()
+            self.events += n
+            if self.ttft < 0:
+                self.ttft = t - self.t0
+                self.itl[0] += n - 1
+            else:
+                g = (t - self.t_last) / n
+                self.itl[bisect_left(self.bounds, g)] += n
+                self.itl_sum += g * n
+            self.t_last = t
+        keep = bool(scan & USAGE_OBJECT) or not scan & WHOLE or self._open
+        self._open = not scan & WHOLE
+        return scan | KEEP if keep else scan

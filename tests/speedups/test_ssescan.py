@@ -1,0 +1,62 @@
+"""sse_scan: both twins give the same (and the documented) results."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.speedups.conftest import load
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOK = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
+NULL_USAGE = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}\n\n'
+
+
+@pytest.fixture(params=("py", "c"))
+def ssescan(request: pytest.FixtureRequest) -> ModuleType:
+    return load("ssescan", str(request.param))
+
+
+@pytest.mark.parametrize(("buf", "events", "usage", "whole"), [
+    (b"", 0, False, False),
+    (ROLE, 0, False, True),
+    (TOK, 1, False, True),
+    (TOK * 3, 3, False, True),
+    (ROLE + TOK + TOK, 2, False, True),
+    (USAGE, 0, True, True),
+    (NULL_USAGE, 1, False, True),
+    (TOK + USAGE + b"data: [DONE]\n\n", 1, True, True),
+    (TOK[:-1], 1, False, False),
+    (TOK.replace(b"\n\n", b"\r\n\r\n"), 1, False, True),
+    (b'data: {"delta": {"content" : "x"}}\n\n', 1, False, True),  # spaced
+    (b'data: {"choices":[{"text":"hi"}]}\n\n', 1, False, True),  # completions
+    (b'data: {"delta":{"reasoning_content":"hm"}}\n\n', 1, False, True),
+    (b'data: {"delta":{"content":"say \\"content\\":\\"x\\""}}\n\n', 1, False, True),  # escaped key in a value
+    (b'data: {"delta":{"content":"', 0, False, False),  # cut before the first content byte
+    (b'{"usage": {"prompt_tokens":1}}', 0, True, False),
+    (b'"usage"x:{', 0, False, False),
+    (b'"content"', 0, False, False),
+])
+def test_documented_cases(ssescan: ModuleType, buf: bytes, events: int, usage: bool, whole: bool) -> None:
+    r = ssescan.sse_scan(buf)
+    assert (r >> 2, bool(r & ssescan.USAGE_OBJECT), bool(r & ssescan.WHOLE)) == (events, usage, whole)
+
+
+_ATOMS = [b'"content"', b'"reasoning_content"', b'"text"', b'"usage"', b":", b" ", b"\r\n", b"\n\n", b'"',
+          b"{", b"}", b"x", b"null", b"\\", b"data: ", b'""', b"[", b"]", b","]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_ATOMS), max_size=40))
+def test_twins_agree(parts: list[bytes]) -> None:
+    py = load("ssescan", "py")
+    try:
+        c = load("ssescan", "c")
+    except pytest.skip.Exception:
+        return
+    buf = b"".join(parts)
+    assert c.sse_scan(buf) == py.sse_scan(buf), buf
