@@ -90,7 +90,9 @@ def run_corpus(proxy: Stack, full: bool) -> dict[str, float]:
         buf, eof_after = _send(proxy.port, pieces)
         head = buf.partition(b"\r\n\r\n")[0].lower()
         status = int(buf.split(b" ", 2)[1]) if buf.startswith(b"HTTP/1.1 ") else 0
-        if status not in row.status:
+        # "/" is no proxy route: a row whose error is in the body may be refused at the head (404)
+        ok = row.status + ((404,) if row.after_headers and name.split(" ")[0].endswith(f"{row.id}/") else ())
+        if status not in ok:
             bad.append(f"{name}: status {status} not in {row.status}: {buf[:120]!r}")
         if b"\r\nconnection: close" not in head:
             bad.append(f"{name}: no Connection: close")
