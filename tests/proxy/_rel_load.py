@@ -20,6 +20,8 @@ import sys
 import time
 
 CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+#: the slow connections' source address (see slow())
+SLOW_FROM = "127.0.0.2"
 SSE = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 
 
@@ -45,6 +47,8 @@ async def legit(port: int, rate: float, seconds: float, keepalive: bool = False)
     fail: dict[str, int] = {}
     pool: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
+    at: list[float] = []
+
     async def one() -> None:
         t = time.monotonic()
         try:
@@ -54,6 +58,7 @@ async def legit(port: int, rate: float, seconds: float, keepalive: bool = False)
             status = await asyncio.wait_for(_read_response(r), 30)
             if status == 200:
                 lat.append(time.monotonic() - t)
+                at.append(t - t0)
             else:
                 fail[str(status)] = fail.get(str(status), 0) + 1
             if keepalive:
@@ -74,7 +79,9 @@ async def legit(port: int, rate: float, seconds: float, keepalive: bool = False)
     await asyncio.gather(*tasks)
     for _, w in pool:
         w.close()
-    return {"sent": n, "ok": len(lat), "fail": fail, "lat": lat, "wall": time.monotonic() - t0}
+    slowest = sorted(zip(lat, at, strict=True), reverse=True)[:12]  # (latency, sent at): where a tail comes from
+    return {"sent": n, "ok": len(lat), "fail": fail, "lat": lat, "wall": time.monotonic() - t0,
+            "slowest": [(round(a, 4), round(b, 3)) for a, b in slowest]}
 
 
 async def slow(port: int, n: int, interval: float, seconds: float) -> dict[str, object]:
@@ -83,7 +90,10 @@ async def slow(port: int, n: int, interval: float, seconds: float) -> dict[str, 
 
     async def one(i: int) -> None:
         try:
-            r, w = await asyncio.open_connection("127.0.0.1", port)
+            # from another loopback address, as an attacker is another host: the proxy closes these
+            # first (TIME_WAIT on its side), and the kernel reuses the freed client ports at once;
+            # from 127.0.0.1 the legit load's new connections then hit those TIME_WAIT 4-tuples
+            r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(SLOW_FROM, 0))
         except OSError:
             closed[i] = -1.0
             return
@@ -120,7 +130,7 @@ async def sse(port: int, idle: int, streams: int, interval: float, events: int) 
         conns.append((r, w))
     statuses = await asyncio.gather(*(_read_response(r) for r, _ in conns))
     print("idle-ready", file=sys.stderr, flush=True)
-    await asyncio.sleep(2.0)  # the test samples the proxy's RSS now
+    await asyncio.sleep(1.0)  # the test (after 0.5 s) samples the proxy's RSS now
     gaps: list[float] = []
     errors = {"stream": 0}
 
@@ -141,6 +151,8 @@ async def sse(port: int, idle: int, streams: int, interval: float, events: int) 
                     if last is not None and b'"content"' in line and 2 < n < events:
                         gaps.append(now - last - interval)
                     last = now
+                    if line.startswith(b"data: [DONE]"):
+                        break  # (the stub, asked directly, may keep the connection open)
         except (OSError, asyncio.IncompleteReadError):
             errors["stream"] += 1
         w.close()
