@@ -1,7 +1,7 @@
 """Row F3: atheris on the proxy's Python layers (targets in :mod:`tests.proxy._atheris_targets`).
 
 Each target runs in its own process on the pure-Python modules (atheris instruments bytecode, not
-the compiled twins). ``make test`` gives each target FLEXINFER_ATHERIS_CI_SECONDS (default 3 s); the
+the compiled twins). ``make test`` gives each target FLEXINFER_ATHERIS_CI_SECONDS (default 1 s); the
 ``reliability`` run gives each FLEXINFER_ATHERIS_SECONDS (default 600 s, the plan's 10 minutes).
 Pass: the fuzzer exits 0 (no crash: only 4xx client errors, invariants held) after running.
 """
@@ -41,7 +41,7 @@ def fuzz(target: str, seconds: float) -> int:
 
 def test_atheris_ci() -> None:
     # the four targets in one process (one interpreter start), each input routed by its first byte
-    assert fuzz("all", float(os.environ.get("FLEXINFER_ATHERIS_CI_SECONDS", "3"))) > 1000
+    assert fuzz("all", float(os.environ.get("FLEXINFER_ATHERIS_CI_SECONDS", "1"))) > 1000
 
 
 @pytest.mark.reliability

@@ -6,13 +6,14 @@ sent to three request targets (``/``, ``/v1/chat/completions``, ``/model/m1/v1/c
 and in two deliveries (one write; three writes at seeded random split points): 6 x the rows,
 over 400 inputs. Per input: the status is the row's (400/405/413/414/431/501/505 class), the
 answer says ``Connection: close`` and the socket is at EOF within 1 s, nothing reached the engine
-(0 requests, 0 connections at the stub), no 500. Over the run: the process RSS grows <= 5 MiB.
+(0 requests, 0 connections at the stub), no 500. Over the run: the process RSS grows <= 5 MiB
+(full run: measured over a second pass of the corpus, after a warm-up pass; see run_corpus).
 CI sends the one-write ``/v1/chat/completions`` variant of every row; the ``reliability`` run all.
 F5 (R6-R9): oversized header value, too many headers, long URL, Content-Length over the body
 limit, chunked body crossing it: 431/431/414/413/413, and the bytes the client could push before
 the proxy's answer arrived (listening socket and client send buffer shrunk to a few KiB, so the kernel
 buffers cannot hide what the proxy read) <= limit + 64 KiB; RSS growth < 2 MiB per 1,000
-attempts (asserted in the full run, 1,000 attempts per case; CI makes 100 and prints it).
+attempts (asserted in the full run, 1,000 attempts per case; CI makes 30 and prints it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 from flexinfer.http.server import HTTPServer
 from flexinfer.proxy.pipeline import ProxyHandler
 from flexinfer.runtime.static import StaticInventory
+from flexinfer.settings import HTTPSettings
 from tests.http.test_malformed import ROWS, Row
 from tests.proxy.conftest import Stack, fast_settings, model
 
@@ -81,6 +83,12 @@ def run_corpus(proxy: Stack, full: bool) -> dict[str, float]:
     stub = proxy.stub
     proc = psutil.Process()
     _send(proxy.port, [b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"])
+    if full:
+        # warm-up pass: the test's own 10 MiB inputs live in this process, and the first ones
+        # raise glibc's mmap threshold, so later ones stay on the heap: a one-off high-water
+        # mark, not a leak. The measured pass then shows what the corpus leaves behind.
+        for _, _, pieces in corpus(full):
+            _send(proxy.port, pieces)
     gc.collect()
     rss0 = proc.memory_info().rss
     bad: list[str] = []
@@ -163,7 +171,7 @@ def _pushed(port: int, head: bytes, stream: bytes, total: int) -> tuple[int, int
     return status, sent
 
 
-def _cases(http: object) -> list[tuple[str, bytes, bytes, int, int]]:
+def _cases(http: HTTPSettings) -> list[tuple[str, bytes, bytes, int, int]]:
     """(name, head, repeated stream unit, expected status, limit)."""
     hb, hc, url = http.max_header_bytes, http.max_headers, http.max_request_line
     body = http.max_body_json
@@ -208,7 +216,7 @@ def size_limits(stack: Stack, attempts: int) -> dict[str, object]:
 
 
 def test_f5_size_limits_ci(stack: Stack) -> None:
-    size_limits(stack, int(os.environ.get("FLEXINFER_REL_LIMIT_ATTEMPTS", "100")))
+    size_limits(stack, int(os.environ.get("FLEXINFER_REL_LIMIT_ATTEMPTS", "30")))
 
 
 @pytest.mark.reliability
