@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -179,7 +180,9 @@ def main() -> None:
         out = asyncio.run(slow(int(a[0]), int(a[1]), float(a[2]), float(a[3])))
     else:
         out = asyncio.run(sse(int(a[0]), int(a[1]), int(a[2]), float(a[3]), int(a[4])))
-    print(json.dumps(out))
+    data = memoryview(json.dumps(out).encode() + b"\n")
+    while data:  # (with PYTHONUNBUFFERED a print to a pipe may write only part of a long line)
+        data = data[os.write(1, data):]
 
 
 if __name__ == "__main__":
