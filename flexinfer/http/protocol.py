@@ -201,6 +201,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
     def _drop_queued(self) -> None:
         self._queue.clear()
         self._pending = None
+        self._body_parts.clear()  # a body refused part-way (413) is never joined: free it now
 
     def eof_received(self) -> bool | None:
         # A half-close counts as going away (nginx: 499). Returning None closes the transport, and

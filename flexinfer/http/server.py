@@ -6,6 +6,13 @@ importable, SIGTERM/SIGINT -> drain -> exit 0; ``workers > 1`` or sidecars: fork
 each with its own SO_REUSEPORT listener, under the supervisor of :mod:`flexinfer.http.workers`, whose
 ``WorkerSlot``, ``Sidecar`` and ``current_worker`` are re-exported here).
 Must not: parse HTTP (protocol.py does), know models or routes, or keep a timer per request.
+
+Deadlines: each tick looks one tick ahead and files the connections due before the next tick in
+slots of ``DEADLINE_SLOT`` seconds, one ``call_at`` timer per slot (not per connection); a slot
+re-checks each connection's deadline when it fires (a deadline moved meanwhile is left to a later
+tick) and acts on at most ``DEADLINE_BATCH`` connections per loop turn, so a deadline passes within
+about a slot of its time and 2,000 slow connections due together never close in one turn
+(slowloris: row F4 of the reliability plan).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import logging
 import signal
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from flexinfer.http.protocol import Handler, HttpProtocol
@@ -31,6 +39,10 @@ log = logging.getLogger("flexinfer.http")
 
 #: Listen backlog (the kernel caps it at net.core.somaxconn).
 BACKLOG = 4096
+#: Width of a deadline slot (seconds): how late past its time a deadline may be acted on.
+DEADLINE_SLOT = 0.01
+#: Connections whose deadline passed acted on per loop turn; the rest in the following turns.
+DEADLINE_BATCH = 64
 
 
 class ServerStats:
@@ -64,6 +76,12 @@ class HTTPServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connections: set[HttpProtocol] = set()
         self._tick_handle: asyncio.TimerHandle | None = None
+        #: deadline slot (int(deadline / DEADLINE_SLOT)) -> connections due in it, and its timer
+        self._slots: dict[int, list[HttpProtocol]] = {}
+        self._slot_timers: dict[int, asyncio.TimerHandle] = {}
+        #: connections of fired slots not yet looked at, and the handle of the next look
+        self._due: deque[HttpProtocol] = deque()
+        self._due_handle: asyncio.Handle | None = None
         self._empty: asyncio.Event | None = None
         shortest = min(settings.header_timeout, settings.body_timeout, settings.keepalive_timeout)
         #: Deadline resolution: 1 s in production, finer when timeouts are scaled down in tests.
@@ -107,14 +125,44 @@ class HTTPServer:
         refresh_date()
         loop = self._loop
         assert loop is not None
-        now = loop.time()
-        due = [c for c in self._connections if 0.0 < c.deadline <= now]
-        for conn in due:
-            try:
-                conn.on_deadline()
-            except Exception:
-                log.exception("deadline handling failed")
+        horizon = loop.time() + self.tick_interval
+        slots = self._slots
+        for c in self._connections:
+            d = c.deadline
+            if 0.0 < d <= horizon:
+                key = int(d / DEADLINE_SLOT)
+                slot = slots.get(key)
+                if slot is None:
+                    slots[key] = [c]
+                    self._slot_timers[key] = loop.call_at((key + 1) * DEADLINE_SLOT, self._fire_slot, key)
+                else:
+                    slot.append(c)
         self._tick_handle = loop.call_later(self.tick_interval, self._tick)
+
+    def _fire_slot(self, key: int) -> None:
+        """A slot's time passed: its connections join the backlog acted on ``DEADLINE_BATCH`` per turn."""
+        self._slot_timers.pop(key, None)
+        slot = self._slots.pop(key, None)
+        if slot:
+            self._due.extend(slot)
+            if self._due_handle is None:
+                self._fire_due()
+
+    def _fire_due(self) -> None:
+        self._due_handle = None
+        loop = self._loop
+        assert loop is not None
+        soon = loop.time() + DEADLINE_SLOT  # (a timer may fire a hair early: within a slot counts)
+        due = self._due
+        for _ in range(min(DEADLINE_BATCH, len(due))):
+            conn = due.popleft()
+            if 0.0 < conn.deadline <= soon:
+                try:
+                    conn.on_deadline()
+                except Exception:
+                    log.exception("deadline handling failed")
+        if due:
+            self._due_handle = loop.call_soon(self._fire_due)
 
     # ---- shutdown ---------------------------------------------------------------------------
     async def drain_and_close(self, timeout: float) -> None:
@@ -146,6 +194,14 @@ class HTTPServer:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
+        for handle in self._slot_timers.values():
+            handle.cancel()
+        self._slot_timers.clear()
+        self._slots.clear()
+        if self._due_handle is not None:
+            self._due_handle.cancel()
+            self._due_handle = None
+        self._due.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), 1.0)
         # let the handlers' tasks see their cancellation / disconnect
