@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from flexinfer.errors import FlexInferError
 from flexinfer.scheduler import logic, wire
 from flexinfer.scheduler.inventory import Inventory
+from flexinfer.scheduler.nodecache import NodeFactsCache
 from flexinfer.scheduler.settings import ExtenderSettings
 
 if TYPE_CHECKING:
@@ -73,13 +74,15 @@ class ExtenderMetrics:
 
 
 class ExtenderApp:
-    """Routes and verbs; all state is the inventory (read-only here) and the metrics."""
+    """Routes and verbs; all state is the inventory (read-only here), the NodeList facts cache and
+    the metrics."""
 
     def __init__(self, settings: ExtenderSettings, inventory: Inventory,
                  metrics: ExtenderMetrics | None = None) -> None:
         self.settings = settings
         self.inventory = inventory
         self.metrics = metrics or ExtenderMetrics()
+        self.node_cache = NodeFactsCache()  # facts of NodeList items by their exact JSON
 
     # -- routing ------------------------------------------------------------------------------------
 
@@ -124,7 +127,7 @@ class ExtenderApp:
 
     def _candidates(self, args: wire.ExtenderArgs) -> tuple[list[logic.NodeFacts], list[str]] | Reply:
         if args.nodes is not None:
-            return [logic.node_facts(n) for n in args.nodes], []
+            return self.node_cache.facts(args.nodes), []
         if not self.inventory.nodes_synced:
             return Reply(503, wire.error_result("node cache not synced yet"))
         return self.inventory.lookup(args.node_names or [])
@@ -132,7 +135,7 @@ class ExtenderApp:
     def filter(self, body: bytes) -> Reply:
         """``ExtenderArgs`` → ``ExtenderFilterResult``."""
         try:
-            args = wire.parse_args(body)
+            args = wire.parse_args(body, self.node_cache.get)
         except wire.WireError as exc:
             return Reply(400, wire.filter_result([], {}, {}, error=str(exc)))
         got = self._candidates(args)
@@ -157,7 +160,7 @@ class ExtenderApp:
     def score(self, body: bytes) -> Reply:
         """``ExtenderArgs`` → ``HostPriorityList`` with integer scores 0..10."""
         try:
-            args = wire.parse_args(body)
+            args = wire.parse_args(body, self.node_cache.get)
         except wire.WireError as exc:
             return Reply(400, wire.error_result(str(exc)))
         got = self._candidates(args)

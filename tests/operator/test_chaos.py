@@ -1,0 +1,252 @@
+"""F19 operator chaos: the real operator against the emulator under the plan's fault mix (reliability
+plan §3.9 O1-O6, O9; §5 F19), for many Models at once.
+
+Every operator request draws from a seeded dice: 30 % get a 5xx or a 429 (with ``Retry-After``),
+10 % of the PATCH/PUT writes get a 409 Conflict, 5 % are delayed past the request timeout (the
+request then proceeds, as a slow apiserver would: a timed-out POST may still create the object, so
+the operator's retry meets a real 409 AlreadyExists), and every watch stream is dropped at a fixed
+interval. The intervals are the plan's scaled down for CI (request timeout 5 s → 1 s, watch drop
+5 s → 0.25 s, Retry-After 2 s → 1 s, the smallest whole second). The test's own requests (creating
+and deleting the Models) are exempt, and retried by the test if the emulator answers an error.
+
+Checked: every valid Model converges (phase Idle, Ready condition set) within T; every invalid one
+gets a terminal ``Ready=False`` condition with a reason and at most 2 successful API writes; exactly
+one Deployment and one Service per valid Model (by owner), none for invalid ones; after deleting all
+Models: 0 Models (so 0 finalizers and none stuck Terminating), 0 Deployments, 0 Services.
+
+``make test`` runs 6 CRs; the 100-CR run is marked ``reliability``. Figures:
+bench/results/reliability-rel3.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import random
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from tests.kube_emulator import Fault, KubeEnv
+from tests.operator.harness import DEPLOYMENTS, MODELS, SERVICES, TEST_SETTINGS, model, run_operator
+
+CHAOS_SETTINGS = replace(TEST_SETTINGS, request_timeout_s=1.0)
+TIMEOUT_DELAY = 1.3  # > request_timeout_s
+WATCH_DROP_S = 0.25
+EXEMPT = re.compile(r"/models$|/models/[^/]+$")  # the test's POST and DELETE of Models
+
+
+@dataclass
+class Dice:
+    """One draw per request decides which fault (if any) answers it."""
+
+    rnd: random.Random
+    p_5xx_429: float = 0.30
+    p_409: float = 0.10
+    p_timeout: float = 0.05
+    category: str = ""
+    seen: collections.Counter[str] = field(default_factory=collections.Counter)
+    faulted: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    writes: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    on: bool = True
+
+    def draw(self, method: str, path: str) -> str:
+        self.seen["requests"] += 1
+        if method in ("POST", "PUT", "PATCH", "DELETE"):
+            self.writes[(method, path)] += 1
+        if not self.on or (method in ("POST", "DELETE") and EXEMPT.search(path)):
+            return ""
+        u = self.rnd.random()
+        if u < self.p_timeout:
+            return "timeout"
+        u -= self.p_timeout
+        if u < self.p_5xx_429:
+            return self.rnd.choice(("500", "503", "429"))
+        u -= self.p_5xx_429
+        if method in ("PATCH", "PUT") and u < self.p_409:
+            return "409"
+        return ""
+
+
+class ChaosFault(Fault):
+    """One category of the dice; the first fault of the list draws, the others read the draw."""
+
+    def __init__(self, dice: Dice, category: str, first: bool, **kw: Any) -> None:
+        super().__init__(method=None, path=re.compile(""), times=10**9, **kw)
+        self.dice, self.category, self.first = dice, category, first
+
+    def matches(self, method: str, path: str, query: str) -> bool:
+        if self.first:
+            self.dice.category = self.dice.draw(method, path)
+        if self.dice.category != self.category:
+            return False
+        self.dice.faulted[(method, path)] += int(self.status is not None)
+        self.dice.seen[self.category] += 1
+        return True
+
+
+CONFLICT = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+            "message": "Operation cannot be fulfilled: the object has been modified; please apply your "
+                       "changes to the latest version and try again"}
+
+
+def install_chaos(kube: KubeEnv, seed: int) -> Dice:
+    dice = Dice(random.Random(seed))
+    kube.emulator.faults[:0] = [
+        ChaosFault(dice, "timeout", True, delay=TIMEOUT_DELAY),
+        ChaosFault(dice, "500", False, status=500),
+        ChaosFault(dice, "503", False, status=503),
+        ChaosFault(dice, "429", False, status=429, retry_after=1),
+        ChaosFault(dice, "409", False, status=409, body=CONFLICT),
+    ]
+    return dice
+
+
+async def _drop_watches(kube: KubeEnv, every: float, stop: asyncio.Event) -> int:
+    drops = 0
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        await kube.close_watches()
+        drops += 1
+    return drops
+
+
+async def _retrying(call: Any) -> Any:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    for _ in range(50):
+        try:
+            return await call()
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            if e.status not in (409, 429, 500, 503):
+                raise
+        await asyncio.sleep(0.05)
+    raise AssertionError("the test's own request kept failing")
+
+
+def _children(kube: KubeEnv, resource: str) -> list[dict[str, Any]]:
+    import kmock
+
+    group_version, plural = resource.rsplit("/", 1)
+    group, _, version = group_version.rpartition("/")
+    res = kmock.resource(group, version, plural)
+    return [o.raw for (r, _, _), o in kube.emulator.objects.items() if r == res and not o.deleted]
+
+
+def _owners(objs: list[dict[str, Any]]) -> collections.Counter[str]:
+    return collections.Counter(ref["name"] for o in objs for ref in o["metadata"].get("ownerReferences") or ()
+                               if ref.get("controller"))
+
+
+INVALID = [  # (spec overrides or a long name, expected Ready reason)
+    ({"backend": "tgi", "source": "HF://x/y"}, "UnknownBackend"),
+    ("long", "InvalidSpec"),
+]
+
+
+async def run_chaos(kube: KubeEnv, n_valid: int, n_invalid: int, seed: int = 16,
+                    ready_timeout: float = 120.0) -> dict[str, Any]:
+    valid = [f"c{i:03d}" for i in range(n_valid)]
+    invalid: dict[str, str] = {}
+    bodies = [model(n) for n in valid]
+    for i in range(n_invalid):
+        spec, reason = INVALID[i % len(INVALID)]
+        if spec == "long":
+            name = f"bad{i:03d}-" + "x" * 64  # > 63: no Service or label can carry it
+            bodies.append(model(name))
+        else:
+            name = f"bad{i:03d}"
+            bodies.append(model(name, **spec))  # type: ignore[arg-type]
+        invalid[name] = reason
+    random.Random(seed).shuffle(bodies)
+
+    dice = install_chaos(kube, seed)
+    stop_drops = asyncio.Event()
+    figures: dict[str, Any] = {"crs": len(bodies), "valid": n_valid, "invalid": n_invalid, "seed": seed}
+    async with run_operator(kube, CHAOS_SETTINGS) as env:
+        drops = asyncio.create_task(_drop_watches(kube, WATCH_DROP_S, stop_drops))
+        t0 = time.monotonic()
+        try:
+            for b in bodies:
+                await _retrying(lambda b=b: env.create(MODELS, b))
+
+            def converged() -> bool:
+                return (all(env.status(n).get("phase") == "Idle" and env.condition(n, "Ready").get("reason")
+                            for n in valid)
+                        and all(env.condition(n, "Ready").get("reason") == r for n, r in invalid.items()))
+
+            try:
+                await env.wait_for(converged, timeout=ready_timeout, what="every Model Idle or terminally invalid")
+            except AssertionError:
+                states = collections.Counter(
+                    (env.status(n).get("phase"), env.condition(n, "Ready").get("reason")) for n in valid + list(invalid))
+                stuck = [env.get(MODELS, n) for n in valid + list(invalid) if not env.status(n).get("phase")]
+                stuck_meta = [(o or {}).get("metadata") for o in stuck[:3]]
+                raise AssertionError(f"not converged in {ready_timeout}s: {dict(states)}; stuck {stuck_meta}; "
+                                     f"faults {dict(dice.seen)}") from None
+            figures["t_ready_s"] = round(time.monotonic() - t0, 2)
+            dice.on = False  # count the steady state without faults
+            await env.settle(quiet=1.0, timeout=60)
+            figures["t_settled_s"] = round(time.monotonic() - t0, 2)
+            deps, svcs = _children(kube, DEPLOYMENTS), _children(kube, SERVICES)
+            figures["deployments"], figures["services"] = len(deps), len(svcs)
+            dup = {n: c for n, c in (_owners(deps) + _owners(svcs)).items() if c != 2}
+            figures["crs_without_exactly_one_child_each"] = len(dup) + len(set(valid) - set(_owners(deps)))
+            # writes to each invalid Model that reached the store: all PATCHes minus the faulted ones
+            per_invalid = []
+            for name in invalid:
+                path = re.compile(rf"/models/{re.escape(name)}(/status)?$")
+                sent = sum(c for (m, p), c in dice.writes.items() if m != "POST" and path.search(p))
+                hurt = sum(c for (m, p), c in dice.faulted.items() if m != "POST" and path.search(p))
+                per_invalid.append(sent - hurt)
+                cond = env.condition(name, "Ready")
+                assert cond.get("status") == "False" and cond.get("reason") == invalid[name], (name, cond)
+            figures["invalid_writes_max"] = max(per_invalid, default=0)
+            figures["invalid_children"] = sum(1 for o in deps + svcs if o["metadata"]["name"] in invalid)
+
+            dice.on = True  # delete everything under the same chaos
+            t1 = time.monotonic()
+            for b in bodies:
+                await _retrying(lambda b=b: env.delete(MODELS, "default", b["metadata"]["name"]))
+            await env.wait_for(lambda: not _children(kube, MODELS), timeout=ready_timeout, what="all Models gone")
+            figures["t_deleted_s"] = round(time.monotonic() - t1, 2)
+            dice.on = False
+            await env.wait_for(lambda: not _children(kube, DEPLOYMENTS) and not _children(kube, SERVICES),
+                               timeout=30, what="children gone")
+            figures["after_delete"] = {"models": len(_children(kube, MODELS)),
+                                       "deployments": len(_children(kube, DEPLOYMENTS)),
+                                       "services": len(_children(kube, SERVICES))}
+        finally:
+            stop_drops.set()
+            figures["watch_drops"] = await drops
+    figures["requests"] = dice.seen["requests"]
+    figures["faults"] = {k: dice.seen[k] for k in ("500", "503", "429", "409", "timeout")}
+    return figures
+
+
+def check(fig: dict[str, Any]) -> None:
+    print("F19", json.dumps(fig))
+    assert fig["crs_without_exactly_one_child_each"] == 0, fig
+    assert fig["deployments"] == fig["valid"] and fig["services"] == fig["valid"], fig
+    assert fig["invalid_children"] == 0 and fig["invalid_writes_max"] <= 2, fig
+    assert fig["after_delete"] == {"models": 0, "deployments": 0, "services": 0}, fig
+    assert fig["faults"]["timeout"] > 0 and fig["faults"]["409"] > 0 and fig["watch_drops"] > 0, fig
+
+
+@pytest.mark.timeout(240)
+async def test_chaos_6_crs(kube: KubeEnv) -> None:
+    check(await run_chaos(kube, n_valid=5, n_invalid=1, ready_timeout=150))
+
+
+@pytest.mark.reliability
+@pytest.mark.timeout(1500)
+async def test_chaos_100_crs(kube: KubeEnv) -> None:
+    check(await run_chaos(kube, n_valid=90, n_invalid=10, ready_timeout=900))
