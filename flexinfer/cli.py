@@ -49,9 +49,11 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                         help="text lines, or one JSON object per line (time, level, logger, message); "
                              "both redact secrets and escape control characters (docs/logging.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)  # options also accepted after the subcommand
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
     chosen = next((a for a in argv if a in COMMANDS), None)
     for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, parents=[common])
         if name == chosen:  # import only the chosen component
             mod = importlib.import_module(module)
             mod.configure(p)

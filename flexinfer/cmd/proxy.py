@@ -33,6 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="listen address (env PROXY_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
     p.add_argument("--workers", type=int, default=None, help="worker processes sharing the port")
+    p.add_argument("--check", action="store_true", help="with -c: validate the inventory file, exit 0 or 2")
+    p.add_argument("--schema", action="store_true", help="print the inventory file's JSON Schema and exit")
 
 
 def build_kube(settings: ProxySettings, *, all_namespaces: bool = False, api_client: Any = None,
@@ -64,6 +66,8 @@ def _freeze_heap() -> None:
 def run(args: argparse.Namespace) -> int:
     from flexinfer.http.server import run as serve_http
 
+    if args.schema or args.check:
+        return _schema_or_check(args)
     try:
         settings = load_proxy_settings(host=args.host, port=args.port, workers=args.workers)
     except SettingsError as exc:
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         inventory = StaticInventory.from_file(args.config)
     except InventoryConfigError as exc:
-        print(f"flexinfer proxy: {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)  # FILE:LINE: path: message, one line per problem
         return 2
     from flexinfer.cmd.workers import SharedParts
     from flexinfer.proxy.scheduler import spec_error
@@ -105,6 +109,31 @@ def run(args: argparse.Namespace) -> int:
                               on_stop=parts.stop, on_worker_exit=parts.worker_exited))
     finally:
         parts.close()
+
+
+def _schema_or_check(args: argparse.Namespace) -> int:
+    """``--schema``: the static file's JSON Schema; ``--check -c FILE``: its problems (exit 2) or ok."""
+    from flexinfer.runtime.static import InventoryConfigError, load_static, static_schema
+
+    if args.schema:
+        import json
+
+        print(json.dumps(static_schema(), indent=2))
+        return 0
+    if not args.config:
+        print("flexinfer proxy: --check needs -c/--config <inventory.yaml>", file=sys.stderr)
+        return 2
+    from flexinfer.proxy.scheduler import spec_error
+
+    try:
+        views = load_static(args.config)
+    except InventoryConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    bad = [f"{args.config}: model {v.name!r}: scheduler: {why}" for v in views
+           if (why := spec_error(v.routing, v.scheduler)) is not None]
+    print("\n".join(bad) if bad else f"{args.config}: ok", file=sys.stderr if bad else sys.stdout)
+    return 2 if bad else 0
 
 
 def _run_kube(settings: ProxySettings, args: argparse.Namespace, serve_http: Any) -> int:

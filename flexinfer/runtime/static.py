@@ -17,14 +17,20 @@ Format (``examples/static.yaml``)::
           - http://10.0.0.3:8000                         # a plain URL: role both
 
 Models of a static inventory are always ready; it has no scaler.
+
+Owns: the file's types (:class:`StaticFile`, msgspec Structs: an unknown key is an error with the
+closest known one suggested; ``flexinfer proxy --schema`` prints their JSON Schema, committed as
+``schemas/static.schema.json``), ``macros:`` and ``${env.NAME}`` in its strings, and the checks the
+types cannot express (roles, URLs, unique names), every error as ``FILE:LINE: models[0].key: ...``
+(docs/config.md). Must not: open connections or start anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+import msgspec
 
 from flexinfer.runtime.base import (
     ENDPOINT_ROLES,
@@ -33,118 +39,166 @@ from flexinfer.runtime.base import (
     ModelView,
     StaticInventoryBase,
 )
+from flexinfer.runtime.configfile import (
+    InventoryConfigError,
+    Path,
+    Source,
+    convert,
+    expand_tree,
+    read_yaml,
+    schema,
+    suggest,
+    unescape,
+    user_macros,
+)
+
+__all__ = ["InventoryConfigError", "StaticFile", "StaticInventory", "load_static", "static_schema"]
+
+Routing = Annotated[str, msgspec.Meta(description="how requests pick a replica",
+                                      extra_json_schema={"enum": list(ROUTING_STRATEGIES)})]
+MacroValue = str | int | float
 
 
-class InventoryConfigError(ValueError):
-    """The inventory file is malformed; the message names the model and field."""
+class EndpointSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One replica with its prefill/decode role (docs/disaggregation.md)."""
+
+    url: Annotated[str, msgspec.Meta(description="http://host:port")]
+    role: Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ENDPOINT_ROLES)})] = "both"
 
 
-def _str_list(model: str, key: str, value: Any) -> tuple[str, ...]:
+Endpoints = str | EndpointSpec | list[str | EndpointSpec]
+
+
+class StaticModel(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One model served by fixed backends."""
+
+    name: Annotated[str, msgspec.Meta(description="what clients send as \"model\"")]
+    endpoints: Annotated[Endpoints | None, msgspec.Meta(
+        description="backend URLs, or {url, role} mappings")] = None
+    endpoint: Annotated[Endpoints | None, msgspec.Meta(description="alias of endpoints")] = None
+    served_name: Annotated[str | None, msgspec.Meta(description="body \"model\" rewritten to this")] = None
+    aliases: str | list[str] = []
+    routing: Routing = "default"
+    scheduler: Annotated[str | None, msgspec.Meta(
+        description="with routing: scored, the chain, e.g. least-request:1,kv-cache:1")] = None
+    context_window: Annotated[int, msgspec.Meta(gt=0, description="enables the max_tokens clamp")] | None = None
+    backend: str = "static"
+
+
+class StaticFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The static inventory of `flexinfer proxy -c FILE`."""
+
+    models: Annotated[list[StaticModel], msgspec.Meta(min_length=1)]
+    macros: Annotated[dict[str, MacroValue], msgspec.Meta(
+        description="user macros: ${NAME} in any string below; ${env.NAME} reads the environment")] = {}
+
+
+class _Top(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    models: list[Any]
+    macros: dict[str, MacroValue] = {}
+
+
+def static_schema() -> dict[str, Any]:
+    return schema(StaticFile, "FlexInfer static inventory (flexinfer proxy -c)")
+
+
+def read_models_file(path: str, top: type[msgspec.Struct] = _Top) -> tuple[Source, Any]:
+    """The file with a non-empty ``models`` list, its top level converted to ``top``."""
+    src = read_yaml(path)
+    doc = src.data
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), list) or not doc["models"]:
+        raise InventoryConfigError(f"{path}:1: expected a mapping with a non-empty 'models' list")
+    out = convert(src, doc, top)
+    if out is None:  # a top-level mistake: go on with the models, so that their errors are reported too
+        out = top(models=doc["models"])
+    return src, out
+
+
+def _endpoints(src: Source, path: Path, value: Endpoints | None) -> tuple[Endpoint, ...]:
     if value is None:
         return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
-        raise InventoryConfigError(f"model {model!r}: {key} must be a list of strings")
-    return tuple(value)
-
-
-def _endpoints(model: str, value: Any) -> tuple[Endpoint, ...]:
-    """``endpoints``: URL strings, or mappings ``{url: ..., role: prefill|decode|both}``."""
-    if value is None:
-        return ()
-    if isinstance(value, str | Mapping):
-        value = [value]
-    if not isinstance(value, list):
-        raise InventoryConfigError(f"model {model!r}: endpoints must be a list of URLs or {{url, role}} mappings")
+    items = value if isinstance(value, list) else [value]
     out: list[Endpoint] = []
-    for i, item in enumerate(value):
-        role: Any = "both"
-        if isinstance(item, Mapping):
-            extra = set(item) - {"url", "role"}
-            if extra:
-                raise InventoryConfigError(f"model {model!r}: endpoints[{i}]: unknown field(s) "
-                                           f"{', '.join(sorted(map(str, extra)))} (url, role)")
-            role = item.get("role", "both")
-            item = item.get("url")
-        if not isinstance(item, str) or not item:
-            raise InventoryConfigError(f"model {model!r}: endpoints[{i}]: url must be a non-empty string")
+    for i, item in enumerate(items):
+        at: Path = (*path, i) if isinstance(value, list) else path
+        url, role = (item.url, item.role) if isinstance(item, EndpointSpec) else (item, "both")
+        if not url:
+            src.error(at, "url must be a non-empty string")
+            continue
         if role not in ENDPOINT_ROLES:
-            raise InventoryConfigError(f"model {model!r}: endpoints[{i}]: role must be one of "
-                                       f"{', '.join(ENDPOINT_ROLES)}, not {role!r}")
+            src.error((*at, "role"), f"must be one of {', '.join(ENDPOINT_ROLES)}, not {role!r}{suggest(role, ENDPOINT_ROLES)}")
+            continue
         try:
-            out.append(Endpoint.parse(item, role))
+            out.append(Endpoint.parse(url, role))
         except ValueError as exc:
-            raise InventoryConfigError(f"model {model!r}: {exc}") from None
+            src.error(at, str(exc))
     return tuple(out)
 
 
-def parse_model(entry: Mapping[str, Any]) -> ModelView:
-    if not isinstance(entry, Mapping):
-        raise InventoryConfigError("each entry of 'models' must be a mapping")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name:
-        raise InventoryConfigError("every model needs a non-empty 'name'")
-    endpoints = _endpoints(name, entry.get("endpoints", entry.get("endpoint")))
-    if not endpoints:
-        raise InventoryConfigError(f"model {name!r}: at least one endpoint is required")
+def check_routing(src: Source, path: Path, routing: str, scheduler: str | None) -> None:
+    if routing not in ROUTING_STRATEGIES:
+        src.error((*path, "routing"), f"unknown routing {routing!r}{suggest(routing, ROUTING_STRATEGIES)} "
+                  f"(one of {', '.join(ROUTING_STRATEGIES)})")
+    if scheduler is not None and not scheduler.strip():
+        src.error((*path, "scheduler"), "scheduler must be a non-empty string "
+                  "like 'least-request:1,prefix-cache:1;filters=least-request'")
+
+
+def _model(src: Source, i: int, m: StaticModel) -> ModelView | None:
+    path: Path = ("models", i)
+    before = len(src.problems)
+    if not m.name:
+        src.error((*path, "name"), "every model needs a non-empty name")
+    if m.endpoints is not None and m.endpoint is not None:
+        src.error((*path, "endpoint"), "give endpoints or endpoint, not both")
+    key = "endpoints" if m.endpoints is not None or m.endpoint is None else "endpoint"
+    endpoints = _endpoints(src, (*path, key), m.endpoints if m.endpoints is not None else m.endpoint)
+    if not endpoints and len(src.problems) == before:
+        src.error(path, f"model {m.name!r}: at least one endpoint is required")
     roles = {e.role for e in endpoints}
     if "both" not in roles and len(roles) == 1:  # prefill only or decode only
-        raise InventoryConfigError(f"model {name!r}: endpoints: a disaggregated model needs at least one "
-                                   "prefill (or both) and one decode (or both) endpoint")
-    routing = entry.get("routing", "default")
-    if routing not in ROUTING_STRATEGIES:
-        raise InventoryConfigError(f"model {name!r}: routing must be one of {', '.join(ROUTING_STRATEGIES)}")
-    scheduler = entry.get("scheduler")
-    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler.strip()):
-        raise InventoryConfigError(f"model {name!r}: scheduler must be a non-empty string "
-                                   "like 'least-request:1,prefix-cache:1;filters=least-request'")
-    window = entry.get("context_window")
-    if window is not None and (not isinstance(window, int) or window <= 0):
-        raise InventoryConfigError(f"model {name!r}: context_window must be a positive integer")
-    served = entry.get("served_name")
-    if served is not None and not isinstance(served, str):
-        raise InventoryConfigError(f"model {name!r}: served_name must be a string")
-    return ModelView(
-        name=name,
-        endpoints=endpoints,
-        ready=True,
-        served_name=served,
-        aliases=_str_list(name, "aliases", entry.get("aliases")),
-        routing=routing,
-        scheduler=scheduler,
-        context_window=window,
-        metadata={"backend": str(entry.get("backend", "static"))},
-    )
+        src.error((*path, key), "a disaggregated model needs at least one "
+                  "prefill (or both) and one decode (or both) endpoint")
+    check_routing(src, path, m.routing, m.scheduler)
+    aliases = [m.aliases] if isinstance(m.aliases, str) else m.aliases
+    for j, a in enumerate(aliases):
+        if not a:
+            src.error((*path, "aliases", j), "an alias must be a non-empty string")
+    if len(src.problems) > before:
+        return None
+    return ModelView(name=m.name, endpoints=endpoints, ready=True, served_name=m.served_name,
+                     aliases=tuple(aliases), routing=m.routing, scheduler=m.scheduler,
+                     context_window=m.context_window, metadata={"backend": m.backend})
 
 
-def read_models_file(path: str) -> Mapping[str, Any]:
-    """The YAML document of an inventory file (static or local), with a non-empty ``models`` list."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise InventoryConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InventoryConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), list) or not doc["models"]:
-        raise InventoryConfigError(f"{path}: expected a mapping with a non-empty 'models' list")
-    return doc
-
-
-def check_unique_names(entries: list[tuple[str, tuple[str, ...]]]) -> None:
+def check_unique_names(src: Source, entries: list[tuple[int, str, tuple[str, ...]]]) -> None:
     """Every name and alias must belong to one model only."""
     seen: dict[str, str] = {}
-    for name, aliases in entries:
-        for n in (name, *aliases):
+    for i, name, aliases in entries:
+        for j, n in enumerate((name, *aliases)):
             if n in seen:
-                raise InventoryConfigError(f"name {n!r} is used by both {seen[n]!r} and {name!r}")
-            seen[n] = name
+                at: Path = ("models", i, "name") if j == 0 else ("models", i, "aliases", j - 1)
+                src.error(at, f"name {n!r} is used by both {seen[n]!r} and {name!r}")
+            else:
+                seen[n] = name
 
 
 def load_static(path: str) -> list[ModelView]:
-    views = [parse_model(e) for e in read_models_file(path)["models"]]
-    check_unique_names([(v.name, v.aliases) for v in views])
+    src, top = read_models_file(path)
+    macros = user_macros(src, top.macros, frozenset())
+    views: list[ModelView] = []
+    for i, raw in enumerate(top.models):
+        base: Path = ("models", i)
+        if isinstance(raw, Mapping):  # unknown keys are reported by convert, not expanded
+            raw = {k: unescape(expand_tree(src, v, (*base, str(k)), macros.get))
+                   if k in StaticModel.__struct_fields__ else v for k, v in raw.items()}
+        m = convert(src, raw, StaticModel, base)
+        v = _model(src, i, m) if m is not None else None
+        if v is not None:
+            views.append(v)
+    src.raise_problems()
+    check_unique_names(src, [(i, v.name, v.aliases) for i, v in enumerate(views)])
+    src.raise_problems()
     return views
 
 

@@ -315,14 +315,14 @@ def test_static_config_with_roles(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("endpoints", "message"), [
-    ('[{url: "http://h:1", role: prefil}, "http://h:2"]', r"model 'big': endpoints\[0\]: role must be one of"),
-    ('[{url: "http://h:1", role: 3}]', r"model 'big': endpoints\[0\]: role"),
-    ('[{url: "http://h:1", weight: 2}]', r"model 'big': endpoints\[0\]: unknown field\(s\) weight"),
-    ('[{role: decode}]', r"model 'big': endpoints\[0\]: url must be"),
-    ('[{url: "http://h:1", role: prefill}]', "model 'big': endpoints: a disaggregated model needs"),
-    ('[{url: "http://h:1", role: decode}, {url: "http://h:2", role: decode}]', "model 'big': endpoints: a disagg"),
-    ('[{url: "https://h:1", role: decode}]', "model 'big': unsupported endpoint scheme"),
-    ("7", "model 'big': endpoints must be a list"),
+    ('[{url: "http://h:1", role: prefil}, "http://h:2"]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.role: must be one of prefill, decode, both, not 'prefil'; did you mean 'prefill'"),
+    ('[{url: "http://h:1", role: 3}]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.role: Expected str, got int 3"),
+    ('[{url: "http://h:1", weight: 2}]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.weight: unknown key 'weight' \(known: url, role\)"),
+    ('[{role: decode}]', r"models\[0\]\.endpoints\[0\]: missing required key 'url'"),
+    ('[{url: "http://h:1", role: prefill}]', r"models\[0\]\.endpoints: a disaggregated model needs"),
+    ('[{url: "http://h:1", role: decode}, {url: "http://h:2", role: decode}]', r"models\[0\]\.endpoints: a disagg"),
+    ('[{url: "https://h:1", role: decode}]', r"models\[0\]\.endpoints\[0\]: unsupported endpoint scheme"),
+    ("7", r"models\[0\]\.endpoints: Expected str \| object \| array \| null, got int 7"),
 ])
 def test_static_config_bad_roles_name_the_model(tmp_path: Path, endpoints: str, message: str) -> None:
     with pytest.raises(InventoryConfigError, match=message):
@@ -333,5 +333,5 @@ def test_local_config_refuses_disaggregation(tmp_path: Path) -> None:
     base = "models:\n  - name: loc\n    command: [x, '${PORT}']\n"
     assert load_local_config(_write(tmp_path, base))[0].name == "loc"
     for extra in ("    role: prefill\n", "    endpoints: [http://h:1]\n"):
-        with pytest.raises(InventoryConfigError, match=r"model 'loc': (role|endpoints): the local runtime"):
+        with pytest.raises(InventoryConfigError, match=r"inv.yaml:4: models\[0\]\.(role|endpoints): the local runtime"):
             load_local_config(_write(tmp_path, base + extra))

@@ -31,7 +31,7 @@ def test_embedded_default_config() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("models: []", "non-empty 'models'"),
-    ("models: [{name: a}]", "'command' must be a non-empty list"),
+    ("models: [{name: a}]", "c.yaml:1: models[0]: model 'a': needs 'cmd'"),
     ("models: [{name: a, command: [x]}]", "must use ${PORT}"),
     ("models: [{name: a, command: [x, '${PORT}', '${NOPE}']}]", "unknown macro ${NOPE}"),
     ("models: [{name: 'a b', command: [x, '${PORT}']}]", "model name"),
@@ -42,7 +42,8 @@ def test_embedded_default_config() -> None:
     ("models: [{name: a, command: [x, '${PORT}'], idle_ttl: -1}]", "idle_ttl"),
     ("models: [{name: a, command: [x, '${PORT}']}, {name: b, aliases: [a], command: [x, '${PORT}']}]", "used by both"),
     ("models: [", "not valid YAML"),
-    ("models: [{name: a, command: [x, '${PORT}'], routing: scored, scheduler: 3}]", "scheduler must be a non-empty"),
+    ("models: [{name: a, command: [x, '${PORT}'], routing: scored, scheduler: 3}]",
+     "c.yaml:1: models[0].scheduler: Expected str | null, got int 3"),
 ])
 def test_bad_configs(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "c.yaml"
