@@ -73,7 +73,8 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "operator",
                              "--kubeconfig", str(kube.kubeconfig_path), "--liveness",
-                             f"http://127.0.0.1:{port}/healthz"], env={**os.environ, "FLEXINFER_OPERATOR_RESYNC": "1"})
+                             f"http://127.0.0.1:{port}/healthz"], env={**os.environ, "FLEXINFER_OPERATOR_RESYNC": "1",
+                                                                "FLEXINFER_OPERATOR_METRICS_PORT": "0"})
     try:
         async with kube.api_client() as api:
             await api.call_api("/apis/ai.flexinfer/v1alpha2/namespaces/default/models", "POST", body=model("cli"),
