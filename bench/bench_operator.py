@@ -116,7 +116,7 @@ async def run_bench(n: int, scenario: str, concurrency: int, noop_s: float, work
             raise RuntimeError(f"the emulator did not start: {line}")
         kubeconfig, stats_url = line[1], line[2]
         os.environ["KUBECONFIG"] = kubeconfig
-        settings = OperatorSettings(resync_s=30.0, workers=workers, request_timeout_s=30.0)
+        settings = OperatorSettings(resync_s=30.0, workers=workers, request_timeout_s=30.0, metrics_port=0)
         op = Operator(settings=settings)
         stop, ready = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(kopf.operator(registry=build_registry(op, kubeconfig=kubeconfig),

@@ -41,13 +41,14 @@ def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHand
     from flexinfer.cmd.load import ProxyLoad
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.admin import LocalAdmin
-    from flexinfer.runtime.local import LocalRuntime
+    from flexinfer.runtime.local import LocalRuntime, SwapCollector
     from flexinfer.runtime.localconfig import load_local_config
 
     load = ProxyLoad()
     runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
     handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load))
     load.bind(handler)
+    handler.metrics.registry.register(SwapCollector(runtime))
     return runtime, handler
 
 

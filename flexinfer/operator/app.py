@@ -15,7 +15,7 @@ Owns:
 - Model spec changes also go through kopf change handlers (create/resume/update on ``spec``), which
   run the reconcile inline: an unusable spec raises ``kopf.PermanentError`` after its ``Failed``
   status is written (no crash loop); an API failure raises ``kopf.TemporaryError`` (kopf retries);
-- startup (API client, writer, queues, Event poster) and cleanup.
+- startup (API client, writer, queues, Event poster, the metrics port) and cleanup.
 
 Every handler is ``async``: kopf runs plain functions in a thread pool, and these touch the event
 loop's queues and the store.
@@ -204,6 +204,9 @@ async def start(op: Operator, indices: Mapping[str, Any], kubeconfig: str | None
         api = await new_api_client(kubeconfig)
         op.kube = KubeClient(api, timeout_s=op.settings.request_timeout_s, retries=op.settings.api_retries,
                              backoff_s=min(1.0, op.settings.retry_base_s))
+    if op.kube.on_error is None:
+        op.kube.on_error = op.metrics.api_error
+    op.metrics.bind_queues(lambda: op.queues)
     op.writer = Writer(op.kube, op.store)
     op.events.kube = op.kube
     op.events.start()
@@ -211,11 +214,34 @@ async def start(op: Operator, indices: Mapping[str, Any], kubeconfig: str | None
     for name, fn in _reconcilers(op).items():
         if name not in op.queues:
             op.queues[name] = WorkQueue(name, fn, workers=s.workers, retry_base_s=s.retry_base_s,
-                                        retry_max_s=s.retry_max_s)
+                                        retry_max_s=s.retry_max_s, metrics=op.metrics)
         op.queues[name].start()
+    if s.metrics_port and op.metrics_server is None:
+        await start_metrics(op)
+
+
+async def start_metrics(op: Operator) -> None:
+    """Serve ``/metrics`` on ``settings.metrics_port`` with the HTTP core; a port that cannot be bound is
+    logged and the operator runs on without it (metrics are not worth a crash loop)."""
+    from flexinfer.http.server import HTTPServer
+    from flexinfer.operator.metrics import MetricsHandler
+    from flexinfer.settings import HTTPSettings
+
+    s = op.settings
+    server = HTTPServer(MetricsHandler(op.metrics), HTTPSettings(), host=s.metrics_host, port=s.metrics_port)
+    try:
+        await server.start()
+    except OSError as e:
+        log.error("metrics port %s:%d not served: %s", s.metrics_host, s.metrics_port, e)
+        return
+    op.metrics_server = server
+    log.info("operator metrics on http://%s:%d/metrics", s.metrics_host, server.port)
 
 
 async def stop(op: Operator) -> None:
+    if op.metrics_server is not None:
+        await op.metrics_server.drain_and_close(1.0)
+        op.metrics_server = None
     for q in op.queues.values():
         await q.stop()
     await op.events.stop()

@@ -70,12 +70,16 @@ class OperatorSettings:
     lora_pending_requeue_s: float = _f(10.0, "FLEXINFER_LORA_PENDING_REQUEUE",
                                        "Re-check of adapters whose parent is not ready.")
     gpugroup_requeue_s: float = _f(5.0, "FLEXINFER_GPUGROUP_REQUEUE", "GPUGroup re-evaluation interval.")
+    metrics_port: int = _f(8080, "FLEXINFER_OPERATOR_METRICS_PORT", "Prometheus /metrics port; 0 disables it.")
+    metrics_host: str = _f("0.0.0.0", "FLEXINFER_OPERATOR_METRICS_HOST", "Listen address of the metrics port.")
     #: ``DEFAULT_*IMAGE*`` overrides for the backend registry (see ``flexinfer.backends.images``)
     images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def validate(self) -> None:
         if self.workers < 1:
             raise SettingsError("FLEXINFER_OPERATOR_WORKERS must be at least 1")
+        if not 0 <= self.metrics_port <= 65535:
+            raise SettingsError("FLEXINFER_OPERATOR_METRICS_PORT must be 0..65535")
         if self.api_retries < 0:
             raise SettingsError("FLEXINFER_OPERATOR_API_RETRIES must not be negative")
         if self.resync_s <= 0:

@@ -18,6 +18,7 @@ from typing import Any
 from flexinfer.operator.config import OperatorSettings
 from flexinfer.operator.controller import EventRecorder, WorkQueue, Writer
 from flexinfer.operator.kubeapi import KubeClient
+from flexinfer.operator.metrics import OperatorMetrics
 from flexinfer.operator.results import Event
 from flexinfer.operator.store import Store
 
@@ -68,6 +69,9 @@ class Operator:
     debounce_s: float = 0.05
     #: LoRA adapters loaded per replica: (namespace, adapter object name) -> {"ip:port", ...}
     lora_loaded: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    #: the Prometheus metrics (served on ``settings.metrics_port`` by ``metrics_server``, an HTTPServer)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    metrics_server: Any = None
 
     def trigger(self, queue: str, key: Hashable, delay: float | None = None) -> None:
         """Reconcile ``key`` soon: after ``delay``, by default a short debounce that folds a burst of

@@ -7,7 +7,8 @@ Owns:
   answer (``Result.requeue_after``) schedules the next one; a failure backs off exponentially per
   key (:class:`~flexinfer.k8s.backoff.Backoff`, no jitter; a longer ``KubeAPIError.retry_after``
   wins). ``run_now`` runs a reconcile inline (kopf change handlers use it to turn outcomes into
-  ``PermanentError``/``TemporaryError``).
+  ``PermanentError``/``TemporaryError``). Each reconcile is counted and timed in the queue's
+  ``OperatorMetrics`` when it has one (``kind`` = the queue's name).
 - ``Writer``: the only place that writes: ``ensure`` (create, adopt on 409 AlreadyExists, or patch
   only what differs, see ``diff``), ``delete``, ``patch_status`` (managed status fields only),
   finalizer add/remove guarded by the resourceVersion (409 on a race, then a fresh reconcile).
@@ -36,6 +37,7 @@ from flexinfer.k8s.errors import KubeAPIError
 from flexinfer.operator.api_resources import EVENT, Kind
 from flexinfer.operator.diff import merge_patch, strip_none
 from flexinfer.operator.kubeapi import KubeClient
+from flexinfer.operator.metrics import OperatorMetrics
 from flexinfer.operator.results import Event, Result
 from flexinfer.operator.store import Store, rv_of
 
@@ -49,8 +51,10 @@ class WorkQueue:
     """Coalescing, per-key serial, delayed work queue (see the module docstring)."""
 
     def __init__(self, name: str, fn: ReconcileFn, *, workers: int = 8, retry_base_s: float = 1.0,
-                 retry_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.name = name
+        self.metrics = metrics
         self.fn = fn
         self.workers = workers
         self.backoff = Backoff(retry_base_s, retry_max_s, jitter=(1.0, 1.0))  # the count is per key
@@ -84,6 +88,19 @@ class WorkQueue:
         due = self._due.get(key)
         return None if due is None else max(0.0, due - self.clock())
 
+    def depth(self) -> int:
+        """Keys due now and not running (``flexinfer_operator_queue_depth``; delayed keys are not counted)."""
+        now = self.clock()
+        return sum(1 for k, d in self._due.items() if d <= now and k not in self._running)
+
+    def _observe(self, result: str, t0: float) -> None:
+        if self.metrics is not None:
+            self.metrics.reconciled(self.name, result, time.perf_counter() - t0)
+
+    @staticmethod
+    def _outcome(result: Result) -> str:
+        return "permanent" if result.permanent else ("requeue" if result.requeue_after is not None else "ok")
+
     @property
     def busy(self) -> bool:
         """Something is running or due now."""
@@ -108,7 +125,13 @@ class WorkQueue:
         self._due.pop(key, None)
         async with self._lock(key):
             self.reconciles += 1
-            result = await self.fn(key)
+            t0 = time.perf_counter()
+            try:
+                result = await self.fn(key)
+            except Exception:
+                self._observe("error", t0)
+                raise
+            self._observe(self._outcome(result), t0)
         self._failures.pop(key, None)
         if result.requeue_after is not None:
             self.trigger(key, result.requeue_after)
@@ -117,14 +140,17 @@ class WorkQueue:
 
     async def _process(self, key: Hashable) -> None:
         self._running.add(key)
+        t0 = time.perf_counter()
         try:
             async with self._lock(key):
                 self.reconciles += 1
+                t0 = time.perf_counter()
                 result = await self.fn(key)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.errors += 1
+            self._observe("error", t0)
             n = self._failures[key] = self._failures.get(key, 0) + 1
             delay = self.backoff.delay(n, e.retry_after if isinstance(e, KubeAPIError) else None)
             if isinstance(e, KubeAPIError):
@@ -133,6 +159,7 @@ class WorkQueue:
                 log.exception("%s %s: reconcile failed; retry in %.1fs", self.name, key, delay)
             self.trigger(key, delay)
         else:
+            self._observe(self._outcome(result), t0)
             self._failures.pop(key, None)
             if result.requeue_after is not None:
                 self.trigger(key, result.requeue_after)

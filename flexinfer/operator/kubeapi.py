@@ -3,7 +3,8 @@
 Owns: the kinds the operator reads and writes (``Kind``: group, version, plural, kind, scope),
 their URL paths, and one retry policy for every request (429 with ``Retry-After``, 5xx, timeouts and
 connection errors are retried a bounded number of times, with :class:`~flexinfer.k8s.backoff.Backoff`;
-4xx are not). Failures reach the reconcilers as :class:`~flexinfer.k8s.errors.KubeAPIError`.
+4xx are not). Every failed attempt is reported to ``on_error`` (the operator's
+``flexinfer_operator_api_errors_total`` {verb,code}). Failures reach the reconcilers as :class:`~flexinfer.k8s.errors.KubeAPIError`.
 Objects stay plain JSON dicts: no model classes, no deserialisation cost.
 
 kopf watches and indexes the cluster; every write the reconcilers make goes through here.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -29,14 +30,19 @@ log = logging.getLogger("flexinfer.operator.api")
 
 
 RETRYABLE = frozenset({429, 500, 502, 503, 504})  # and 0 (no answer); a 409 is the reconcile's to handle
+#: HTTP method -> Kubernetes verb of the ``verb`` label (a GET of a collection passes ``list``)
+VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+#: (verb, HTTP status or 0, reason) of one failed attempt
+ErrorHook = Callable[[str, int, str], None]
 
 
 class KubeClient:
     """Plain-dict CRUD with bounded retries. ``get``/``patch``/``delete`` answer None for 404."""
 
     def __init__(self, api: k8s.ApiClient, *, timeout_s: float = 30.0, retries: int = 3,
-                 backoff_s: float = 0.5) -> None:
+                 backoff_s: float = 0.5, on_error: ErrorHook | None = None) -> None:
         self.api = api
+        self.on_error = on_error
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -45,7 +51,7 @@ class KubeClient:
         await self.api.close()
 
     async def request(self, method: str, path: str, body: Any = None, *, query: Mapping[str, str] | None = None,
-                      content_type: str = "application/json") -> Any:
+                      content_type: str = "application/json", verb: str | None = None) -> Any:
         """One request with the retry policy; the decoded JSON answer (None when empty).
 
         The n-th retry waits ``backoff_s * 2**(n-1)``, or the server's Retry-After instead, times 1.0-1.2."""
@@ -54,6 +60,8 @@ class KubeClient:
             try:
                 return await self._once(method, path, body, query, content_type)
             except KubeAPIError as e:
+                if self.on_error is not None:
+                    self.on_error(verb or VERBS.get(method, method.lower()), e.status, e.reason or "")
                 if e.status not in RETRYABLE and e.status != 0:
                     raise
                 if backoff.failures >= self.retries:
@@ -94,7 +102,7 @@ class KubeClient:
     async def list(self, kind: Kind, namespace: str | None = None, *,
                    label_selector: str | None = None) -> list[dict[str, Any]]:
         query = {"labelSelector": label_selector} if label_selector else None
-        data = await self.request("GET", kind.path(namespace), query=query)
+        data = await self.request("GET", kind.path(namespace), query=query, verb="list")
         return list((data or {}).get("items") or [])
 
     async def create(self, kind: Kind, namespace: str | None, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--resync", type=float, help="seconds between reconciles of an unchanged object (FLEXINFER_OPERATOR_RESYNC)")
     a("--workers", type=int, help="concurrent reconciles per kind (FLEXINFER_OPERATOR_WORKERS)")
     a("--request-timeout", type=float, help="seconds per API request (FLEXINFER_OPERATOR_REQUEST_TIMEOUT)")
+    a("--metrics-port", type=int, help="Prometheus /metrics port, 0 = off (FLEXINFER_OPERATOR_METRICS_PORT, "
+                                       "default 8080)")
 
 
 def _priority(raw: str) -> int:
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(None, resync_s=args.resync, workers=args.workers,
-                                 request_timeout_s=args.request_timeout)
+                                 request_timeout_s=args.request_timeout,
+                                 metrics_port=getattr(args, "metrics_port", None))
     except SettingsError as e:
         print(f"operator: error: {e}")
         return 1

@@ -7,6 +7,9 @@ running at a time, chosen by :func:`flexinfer.sharing.choose_leader`, the old me
 in-flight requests drained before it stops), recent output for ``/logs``, and stopping everything on
 exit. It is both the :class:`~flexinfer.runtime.base.Inventory` and the
 :class:`~flexinfer.runtime.base.Scaler` the proxy sees; it knows nothing about HTTP requests.
+Swaps are counted in :attr:`LocalRuntime.swaps` (plain integers) and exported by
+:class:`SwapCollector` as ``flexinfer_local_swaps_total`` {group,model}: ``flexinfer serve``
+registers it in the proxy's registry, so the count is on the proxy's ``/metrics``.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from flexinfer.runtime.base import NO_LOAD, Endpoint, LoadView, ModelView, StaticInventoryBase
 from flexinfer.runtime.localconfig import LocalModelSpec
@@ -99,6 +105,8 @@ class LocalRuntime(StaticInventoryBase):
         self.clock = clock
         self.load = load  # the proxy's open requests per endpoint: drains and idle checks wait for 0
         self._group_locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        #: (group, model swapped in) -> swaps: a member started after stopping another of its group
+        self.swaps: dict[tuple[str, str], int] = {}
         self._reaper: asyncio.Task[None] | None = None
         super().__init__([self._view(st) for st in self.procs.values()])
 
@@ -157,9 +165,14 @@ class LocalRuntime(StaticInventoryBase):
                     return
                 leader = self.group_leader(group)
                 if leader == st.spec.name:
+                    swapped = False
                     for other in self._members(group):
                         if other is not st and other.state in ("ready", "starting", "restarting"):
                             await self._drain_and_stop(other, preempted=True)
+                            swapped = True
+                    if swapped:
+                        key = (group, st.spec.name)
+                        self.swaps[key] = self.swaps.get(key, 0) + 1
                     await self._ensure_started(st)
                     return
             # requests are still waiting for this model: that is demand (the proxy cancels this wake
@@ -346,3 +359,17 @@ class LocalRuntime(StaticInventoryBase):
 
     def unfollow(self, name: str, q: asyncio.Queue[str | None]) -> None:
         self.procs[name].followers.discard(q)
+
+
+class SwapCollector(Collector):
+    """``flexinfer_local_swaps_total`` {group,model}: read from :attr:`LocalRuntime.swaps` when scraped."""
+
+    def __init__(self, runtime: LocalRuntime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        c = CounterMetricFamily("flexinfer_local_swaps", "Shared-group swaps: a member started after stopping "
+                                "another (model: the one swapped in).", labels=["group", "model"])
+        for (group, model), n in sorted(self.runtime.swaps.items()):
+            c.add_metric([group, model], n)
+        yield c

@@ -290,6 +290,10 @@ async def test_chart_to_processes(cluster: KubeEnv, tmp_path: Path) -> None:
             probe = op_c["livenessProbe"]["httpGet"]
             assert int(m.group(1)) == container_port(op_c, probe["port"]) and m.group(2) == probe["path"], \
                 f"--liveness {liveness} is not what livenessProbe {probe} probes"
+            # the PodMonitor scrapes the port named "metrics": the one --metrics-port serves
+            metrics_port = _free_port()
+            op_args, rendered_metrics = localize(op_args, "--metrics-port", lambda _: str(metrics_port))
+            assert int(rendered_metrics) == container_port(op_c, "metrics")
             # kubelet: localhost:<free> replaces 0.0.0.0:<containerPort> (no pod network namespace here)
             procs.append(await _start(kube, op_dep, op_c, op_args, tokens, tmp_path, "operator"))
 
@@ -361,6 +365,8 @@ async def test_chart_to_processes(cluster: KubeEnv, tmp_path: Path) -> None:
                     return False
 
             await until(f"{name} in the proxy's /v1/models", listed, procs)
+            async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                assert r.status == 200 and 'flexinfer_operator_reconciles_total{kind="model"' in await r.text()
 
             # -- least privilege: both ServiceAccounts were used, nothing was refused
             users = {f"system:serviceaccount:{NAMESPACE}:{pod_spec(d)['serviceAccountName']}" for d in (op_dep, px_dep)}

@@ -38,6 +38,7 @@ ALL_ON: dict[str, Any] = {
     "bench": {"namespaces": ["team-a"], "readNodes": True},
     "monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
     "networkPolicy": {"enabled": True, "proxyFrom": [{"namespaceSelector": {}}]},
+    "grafana": {"dashboards": {"enabled": True}},
 }
 REGISTRY = "registry.example.com:5000/mirror"
 MATRIX: dict[str, dict[str, Any]] = {
@@ -418,8 +419,10 @@ def test_monitoring_objects_need_the_api_and_the_value(rendered: dict[str, list[
     objs = rendered["monitoring"]
     assert sorted(o["metadata"]["name"] for o in of_kind(objs, "ServiceMonitor")) == \
         ["flexinfer-extender", "flexinfer-proxy"]
-    (pm,) = of_kind(objs, "PodMonitor")
-    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    pms = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o for o in of_kind(objs, "PodMonitor")}
+    assert sorted(pms) == ["agent", "operator"]
+    for pm in pms.values():
+        assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     # the value on but the API absent: nothing (a plain `helm install` on a cluster without the operator)
     objs = render(MATRIX["monitoring"])
     assert not of_kind(objs, "ServiceMonitor") and not of_kind(objs, "PodMonitor")

@@ -45,7 +45,7 @@ EVENTS = "v1/events"
 
 TEST_SETTINGS = OperatorSettings(resync_s=0.5, failed_requeue_s=1.0, retry_base_s=0.3, retry_max_s=2.0,
                                  request_timeout_s=5.0, api_retries=2, workers=4, lora_requeue_s=1.0,
-                                 lora_pending_requeue_s=0.3, gpugroup_requeue_s=0.5)
+                                 lora_pending_requeue_s=0.3, gpugroup_requeue_s=0.5, metrics_port=0)
 
 
 @attrs.define(kw_only=True)

@@ -57,8 +57,15 @@ def _status(url: str) -> int:
         return int(r.status)
 
 
+def _text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return str(r.read().decode())
+
+
 async def test_cli_runs_against_the_emulator(kube: Any) -> None:
-    """``flexinfer operator`` as a process: it reconciles a Model and serves its liveness probe."""
+    """``flexinfer operator`` as a process: it reconciles a Model, serves its liveness probe and its metrics."""
     import asyncio
     import os
     import socket
@@ -68,12 +75,17 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
     from tests.operator.harness import DEPLOYMENTS, MODELS, model, register_crds
 
     register_crds(kube)
+    from tests.dashboard import value
+    from tests.harness import free_port
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    mport = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "operator",
                              "--kubeconfig", str(kube.kubeconfig_path), "--liveness",
-                             f"http://127.0.0.1:{port}/healthz"], env={**os.environ, "FLEXINFER_OPERATOR_RESYNC": "1"})
+                             f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(mport)], env={**os.environ, "FLEXINFER_OPERATOR_RESYNC": "1",
+                                                                "FLEXINFER_OPERATOR_METRICS_HOST": "127.0.0.1"})
     try:
         async with kube.api_client() as api:
             await api.call_api("/apis/ai.flexinfer/v1alpha2/namespaces/default/models", "POST", body=model("cli"),
@@ -94,6 +106,9 @@ async def test_cli_runs_against_the_emulator(kube: Any) -> None:
             except OSError:
                 await asyncio.sleep(0.2)
         assert code == 200
+        # --metrics-port: the process serves its reconciles
+        text = await asyncio.to_thread(_text, f"http://127.0.0.1:{mport}/metrics")
+        assert value(text, "flexinfer_operator_reconciles_total", kind="model") >= 1
     finally:
         proc.terminate()
         assert await asyncio.to_thread(proc.wait, 20) == 0
