@@ -10,6 +10,7 @@ first token, inter-token latency, the per-endpoint series; docs/llm-metrics.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -147,8 +148,7 @@ class Forwarder:
                 self.router.release(ep)
                 self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
                 self._outcome(view, ep, False, "connect")
-                if not exclude and len(view.endpoints) > 1 and self.retries.take(
-                        view.name, 1 + sum(self.router.load.loads([e.key for e in view.endpoints]))):
+                if not exclude and len(view.endpoints) > 1 and await self._retry_slot(view):
                     self.metrics.upstream_retries.labels(view.name).inc()
                     try:  # the retry counts against the budget until its head is in (or it failed)
                         return await self._send(req, path, view, data, headers, body, None, begin,
@@ -170,6 +170,27 @@ class Forwarder:
             if self.tracer is not None:
                 self.tracer.answered(up)
             return up, ep, strategy, source
+
+    async def _retry_slot(self, view: ModelView) -> bool:
+        """A slot of the retry budget for one retry of ``view``'s request (then ``retries.done``):
+        at once, or after waiting (at most the connect timeout) for an open retry to end."""
+        budget = self.retries
+        endpoints = [e.key for e in view.endpoints]
+        if budget.take(view.name, 1 + sum(self.router.load.loads(endpoints))):
+            return True
+        budget.waited += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.upstream.connect_timeout
+        while (left := deadline - loop.time()) > 0:
+            try:
+                async with asyncio.timeout(left):
+                    await budget.wait_slot(view.name)
+            except TimeoutError:
+                break
+            if budget.take(view.name, 1 + sum(self.router.load.loads(endpoints))):
+                return True
+        budget.refused += 1
+        return False
 
     def _outcome(self, view: ModelView, ep: Endpoint, ok: bool, kind: str) -> None:
         """Tell the ejector how the exchange went; count and log an ejection once."""
