@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from flexinfer._speedups import HashRing
+from flexinfer.proxy.routing import RING_VNODES
 from tests.runtime.kube.conftest import (
     ADAPTERS,
     DEPLOYMENTS,
@@ -91,7 +92,7 @@ async def test_session_affinity_moves_keys_only_as_the_ring_allows(ks: KubeStack
         return out
 
     def ring_of(eps: list[str]) -> dict[str, str]:
-        ring = HashRing(eps)
+        ring = HashRing(eps, vnodes=RING_VNODES)  # the router's ring
         return {s: ring.get(s) for s in sessions}  # type: ignore[misc]
 
     keys = [f"127.0.0.1:{s.port}" for s in stubs]
@@ -184,7 +185,7 @@ async def test_scheduler_annotation_binds_the_ring_and_a_bad_one_falls_back(ks: 
     await ks.until(lambda: rt.resolve("sc") and len(rt.resolve("sc").endpoints) == 3)  # type: ignore[union-attr]
     view = rt.resolve("sc")
     assert view is not None and view.routing == "scored" and view.scheduler == ann["flexinfer.ai/scheduler"]
-    ring = HashRing([f"127.0.0.1:{s.port}" for s in stubs])
+    ring = HashRing([f"127.0.0.1:{s.port}" for s in stubs], vnodes=RING_VNODES)  # the router's ring
     sessions = [f"user-{i}" for i in range(24)]
     for s in sessions:  # the scorer reads the model's ring: the session-affinity strategy's placement
         status, _, headers = await ks.chat("sc", headers={"X-Session-ID": s})
