@@ -42,6 +42,7 @@ __all__ = [
     "least_request",
     "load",
     "model_key_scan",
+    "parse_usage",
     "sse_scan",
 ]
 
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
     from .shmstate_py import TableFull as TableFull
     from .shmstate_py import key_hash as key_hash
     from .ssescan_py import SseClock as SseClock
+    from .ssescan_py import parse_usage as parse_usage
     from .ssescan_py import sse_scan as sse_scan
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
@@ -109,6 +111,7 @@ else:
     _ssescan = _pick("ssescan")
     sse_scan = _ssescan.sse_scan
     SseClock = _ssescan.SseClock
+    parse_usage = _ssescan.parse_usage
     del _ssescan
     _tokenbucket = _pick("tokenbucket")
     TokenBucket = _tokenbucket.TokenBucket

@@ -151,3 +151,106 @@ cdef class SseClock:
         keep = (scan & 2) != 0 or (scan & 1) == 0 or self._open
         self._open = (scan & 1) == 0
         return scan | KEEP if keep else scan
+
+
+MAX_TOKENS = 10**9
+
+cdef extern from "Python.h":
+    char* PyByteArray_AS_STRING(object)
+    Py_ssize_t PyByteArray_GET_SIZE(object)
+
+
+cdef inline bint _ws(char c) noexcept:
+    return c == 32 or c == 9 or c == 13 or c == 10
+
+
+cdef Py_ssize_t _object_at(const char* b, Py_ssize_t n, Py_ssize_t i) noexcept:
+    cdef Py_ssize_t j = i + 7
+    while j < n and _ws(b[j]):
+        j += 1
+    if j >= n or b[j] != 58:  # ':'
+        return -1
+    j += 1
+    while j < n and _ws(b[j]):
+        j += 1
+    return j + 1 if j < n and b[j] == 123 else -1  # '{'
+
+
+cdef long long _count(const char* b, Py_ssize_t lo, Py_ssize_t hi, const char* key, Py_ssize_t klen) noexcept:
+    cdef Py_ssize_t i = lo, j, k
+    cdef long long v = 0
+    while i + klen <= hi:  # the first occurrence of key in b[lo:hi]
+        if memcmp(b + i, key, klen) == 0:
+            break
+        i += 1
+    else:
+        return -1
+    j = i + klen
+    while j < hi and _ws(b[j]):
+        j += 1
+    if j >= hi or b[j] != 58:
+        return -1
+    j += 1
+    while j < hi and _ws(b[j]):
+        j += 1
+    k = j
+    while k < hi and k - j < 15 and 48 <= b[k] <= 57:
+        v = v * 10 + (b[k] - 48)
+        k += 1
+    return v if k > j else -1
+
+
+def parse_usage(tail):
+    """(prompt_tokens, completion_tokens) of the last usage object in ``tail`` (bytes or
+    bytearray), or None (see ssescan_py.parse_usage: same results)."""
+    cdef const char* b
+    cdef Py_ssize_t n, i, start = -1, j, close, inner_open, x
+    cdef int depth
+    cdef long long p, c
+    if isinstance(tail, bytearray):
+        b = PyByteArray_AS_STRING(tail)
+        n = PyByteArray_GET_SIZE(tail)
+    else:
+        b = PyBytes_AS_STRING(tail)
+        n = PyBytes_GET_SIZE(tail)
+    i = n - 7
+    while i >= 0:  # rfind '"usage"' whose value is an object
+        if b[i] == 34 and memcmp(b + i, b'"usage"', 7) == 0:
+            start = _object_at(b, n, i)
+            if start >= 0:
+                break
+        i -= 1
+    if start < 0:
+        return None
+    j = start
+    depth = 1
+    while depth:
+        close = -1
+        x = j
+        while x < n:
+            if b[x] == 125:  # '}'
+                close = x
+                break
+            x += 1
+        if close < 0:
+            return None
+        inner_open = -1
+        x = j
+        while x < close:
+            if b[x] == 123:
+                inner_open = x
+                break
+            x += 1
+        if inner_open >= 0:
+            depth += 1
+            if depth > 4:
+                return None
+            j = inner_open + 1
+        else:
+            depth -= 1
+            j = close + 1
+    p = _count(b, start, j - 1, b'"prompt_tokens"', 15)
+    c = _count(b, start, j - 1, b'"completion_tokens"', 19)
+    if p < 0 and c < 0:
+        return None
+    return (min(p, MAX_TOKENS) if p >= 0 else -1, min(c, MAX_TOKENS) if c >= 0 else 0)

@@ -1,7 +1,8 @@
 """One pass over a piece of an SSE body for what the proxy's usage tap needs: the reference twin
 of ssescan_c.
 
-Owns: :func:`sse_scan` and :class:`SseClock` (the per-read accounting of one stream, below). A *content event* is a key ``"content"``, ``"reasoning_content"`` or
+Owns: :func:`sse_scan`, :class:`SseClock` (the per-read accounting of one stream, below) and
+:func:`parse_usage` (the counts of the last ``usage`` object of a body's tail). A *content event* is a key ``"content"``, ``"reasoning_content"`` or
 ``"text"`` (exact bytes, so an escaped ``\\"content\\"`` inside a string never counts), then optional
 whitespace, ``:``, optional whitespace, ``"`` and one more byte that is not ``"`` (a non-empty
 string). A *usage object* is a key ``"usage"``, optional whitespace, ``:``, optional whitespace,
@@ -16,7 +17,9 @@ import re
 import time
 from bisect import bisect_left
 
-__all__ = ["KEEP", "USAGE_OBJECT", "WHOLE", "SseClock", "sse_scan"]
+__all__ = ["KEEP", "MAX_TOKENS", "USAGE_OBJECT", "WHOLE", "SseClock", "parse_usage", "sse_scan"]
+
+MAX_TOKENS = 10**9  # a usage count above this is clamped
 
 #: flag bits of the result (the content-event count is ``result >> 2``)
 USAGE_OBJECT = 2
@@ -86,3 +89,73 @@ class SseClock:
         keep = bool(scan & USAGE_OBJECT) or not scan & WHOLE or self._open
         self._open = not scan & WHOLE
         return scan | KEEP if keep else scan
+
+
+_WS = (32, 9, 13, 10)  # space, tab, CR, LF
+
+
+def _skip_ws(buf: bytes | bytearray, j: int, n: int) -> int:
+    while j < n and buf[j] in _WS:
+        j += 1
+    return j
+
+
+def _object_at(buf: bytes | bytearray, i: int) -> int:
+    """Where the object of a ``"usage"`` key at ``i`` opens (after its ``{``), or -1 (null, a string)."""
+    n = len(buf)
+    j = _skip_ws(buf, i + 7, n)
+    if j >= n or buf[j] != 58:  # ':'
+        return -1
+    j = _skip_ws(buf, j + 1, n)
+    return j + 1 if j < n and buf[j] == 123 else -1  # '{'
+
+
+def _count(inner: bytes | bytearray, key: bytes) -> int:
+    """The integer after ``key`` and a colon in ``inner`` (at most 15 digits), or -1."""
+    i = inner.find(key)
+    if i < 0:
+        return -1
+    n = len(inner)
+    j = _skip_ws(inner, i + len(key), n)
+    if j >= n or inner[j] != 58:  # ':'
+        return -1
+    j = _skip_ws(inner, j + 1, n)
+    k = j
+    while k < n and k - j < 15 and 48 <= inner[k] <= 57:
+        k += 1
+    return int(inner[j:k]) if k > j else -1
+
+
+def parse_usage(tail: bytes | bytearray) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) of the last usage object in ``tail``, or None (a
+    missing prompt count is -1, a missing completion count 0). Found with ``rfind``/``find`` and
+    index checks (the compiled twin: memchr/memcmp, no Python call)."""
+    i = tail.rfind(b'"usage"')
+    start = -1
+    while i >= 0:
+        start = _object_at(tail, i)  # "usage": {  (not null, not a string)
+        if start >= 0:
+            break
+        i = tail.rfind(b'"usage"', 0, i)
+    if start < 0:
+        return None
+    j = start
+    depth = 1
+    while depth:  # the object's closing brace (nested objects: token details)
+        close = tail.find(b"}", j)
+        if close < 0:
+            return None  # cut off
+        inner_open = tail.find(b"{", j, close)
+        if inner_open >= 0:
+            depth += 1
+            if depth > 4:
+                return None
+            j = inner_open + 1
+        else:
+            depth -= 1
+            j = close + 1
+    inner = tail[start:j - 1]
+    p, c = _count(inner, b'"prompt_tokens"'), _count(inner, b'"completion_tokens"')
+    if p < 0 and c < 0:
+        return None
+    return (min(p, MAX_TOKENS) if p >= 0 else -1, min(c, MAX_TOKENS) if c >= 0 else 0)

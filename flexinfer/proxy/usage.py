@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from flexinfer._speedups import SseClock, sse_scan
+from flexinfer._speedups import SseClock, parse_usage, sse_scan
 from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
 from flexinfer.proxy.metrics import ITL_BUCKETS
 
@@ -41,8 +41,6 @@ __all__ = ["HOLD_BYTES", "MAX_TOKENS", "TAIL_BYTES", "UsageTap", "ask_usage", "c
 TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
 HOLD_BYTES = 64 * 1024  # a partial event held back longer than this is let through (stripping stops)
 MAX_TOKENS = 10**9  # a usage count above this is clamped
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,15})')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,15})')
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*\{')
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _SOME_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
@@ -50,40 +48,6 @@ _BOUNDARY = re.compile(rb"\r?\n\r?\n")  # the blank line that ends an SSE event
 _ASK = b'{"stream_options":{"include_usage":true},'
 #: the paths whose streams carry usage when asked (``stream_options`` is theirs)
 USAGE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
-
-
-def parse_usage(tail: bytes | bytearray) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of the last usage object in ``tail``, or None (a
-    missing prompt count is -1, a missing completion count 0). Found with ``rfind``/``find``
-    (a regex that walks the object character by character cost ~10 us per answer)."""
-    i = tail.rfind(b'"usage"')
-    while i >= 0:
-        m = _USAGE_OBJ.match(tail, i)  # "usage": {  (not null, not a string)
-        if m is not None:
-            break
-        i = tail.rfind(b'"usage"', 0, i)
-    else:
-        return None
-    start = j = m.end()
-    depth = 1
-    while depth:  # the object's closing brace (nested objects: token details)
-        close = tail.find(b"}", j)
-        if close < 0:
-            return None  # cut off
-        inner_open = tail.find(b"{", j, close)
-        if inner_open >= 0:
-            depth += 1
-            if depth > 4:
-                return None
-            j = inner_open + 1
-        else:
-            depth -= 1
-            j = close + 1
-    inner = tail[start:j - 1]
-    p, c = _PROMPT.search(inner), _COMPLETION.search(inner)
-    if p is None and c is None:
-        return None
-    return (min(int(p.group(1)), MAX_TOKENS) if p else -1, min(int(c.group(1)), MAX_TOKENS) if c else 0)
 
 
 def content_events(p: bytes) -> int:

@@ -60,3 +60,28 @@ def test_twins_agree(parts: list[bytes]) -> None:
         return
     buf = b"".join(parts)
     assert c.sse_scan(buf) == py.sse_scan(buf), buf
+
+
+_USAGE_ATOMS = [b'"usage"', b'"prompt_tokens"', b'"completion_tokens"', b":", b" ", b"{", b"}", b"7", b"42",
+                b"null", b",", b'"x"', b"\n", b"9" * 16]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_USAGE_ATOMS), max_size=30), st.booleans())
+def test_parse_usage_twins_agree(parts: list[bytes], as_bytearray: bool) -> None:
+    py = load("ssescan", "py")
+    try:
+        c = load("ssescan", "c")
+    except pytest.skip.Exception:
+        return
+    raw = b"".join(parts)
+    buf: bytes | bytearray = bytearray(raw) if as_bytearray else raw
+    assert c.parse_usage(buf) == py.parse_usage(buf), raw
+
+
+def test_parse_usage_documented(ssescan: ModuleType) -> None:
+    assert ssescan.parse_usage(b'{"usage":{"prompt_tokens":7,"completion_tokens":9}}') == (7, 9)
+    assert ssescan.parse_usage(bytearray(b'{"usage": {"prompt_tokens" : 3, "d": {"x": 1}, "completion_tokens": 2}}')) == (3, 2)
+    assert ssescan.parse_usage(b'{"usage":null}') is None
+    assert ssescan.parse_usage(b'{"usage":{"completion_tokens":1}}') == (-1, 1)
+    assert ssescan.parse_usage(b'{"usage":{"prompt_tokens":12345678901234567890}}') == (10**9, 0)
