@@ -250,7 +250,7 @@ class ProxyHandler:
             elif data is not None and "model" in data:
                 body = extract.rewrite_model(body, data, target, model_scan)
             if self._ask_usage and data is not None and data.get("stream") is True and ctx.path in usage.USAGE_PATHS:
-                asked = usage.ask_usage(body, data)  # the stream's usage for the metrics; stripped again
+                asked = usage.ask_usage(body, data, target)  # the stream's usage for the metrics; stripped again
                 if asked is not None:
                     body, ctx.strip_usage = asked, True
             await self.forwarder.forward(req, resp, ctx, view, data, body)

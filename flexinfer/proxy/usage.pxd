@@ -3,5 +3,4 @@
 # so semantics and visibility are the source's. Keep the list equal to the class's __slots__
 # (tests/test_compiled.py).
 cdef class UsageTap:
-    cdef public object _held, _mid, _parsed, _usage, clock, sse, stats, status, strip, stripped, t0, tail
-    cdef public object ttft
+    cdef public object _held, _mid, _parsed, _usage, clock, stats, status, strip, stripped, t0, tail, ttft

@@ -8,14 +8,14 @@ counts content-carrying events, times the first of them (time to first token) an
 the reads that carry them (inter-token latency), and, when the proxy added
 ``stream_options.include_usage`` to the request (:func:`ask_usage`), removes the usage-only event
 that this made the engine send, leaving every other byte of the stream as it came.
-:func:`parse_usage`, shared with token limits (``tokenlimits.TokenCharge``).
+``parse_usage`` (the ``_speedups`` primitive) is re-exported for token limits.
 Must not: parse JSON per event, allocate per event on the common path (a read of whole events, no
 usage object), do I/O, or let anything in a body (absent, malformed, huge usage) fail or delay the
 response; a tap that raises is dropped by the relay, which goes on.
 
-Rules (docs/llm-metrics.md). A content event is a ``data:`` event with a non-empty ``"content"``
-(chat) or ``"text"`` (completions) string; the role-only first chunk (``"content":""``) is not
-one. Events of one read arrive at the same instant: a read carrying ``k`` content events ``g``
+Rules (docs/llm-metrics.md). A content event and a usage object are what
+:mod:`flexinfer._speedups.ssescan_py` says (non-empty ``content``, ``reasoning_content`` or
+``text``; the role-only first chunk is not one). Events of one read arrive at the same instant: a read carrying ``k`` content events ``g``
 seconds after the previous content read gives ``k`` inter-token samples of ``g / k``; the first
 content read gives the time to first token and ``k - 1`` samples of 0 (so a stream of ``n``
 content events gives ``n - 1`` samples). The stripped event is a ``data:`` event whose ``usage`` is
@@ -33,15 +33,13 @@ from typing import Any
 import orjson
 
 from flexinfer._speedups import SseClock, parse_usage, sse_scan
-from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
+from flexinfer._speedups.ssescan_py import KEEP, MAX_TOKENS, USAGE_OBJECT, WHOLE
 from flexinfer.proxy.metrics import ITL_BUCKETS
 
-__all__ = ["HOLD_BYTES", "MAX_TOKENS", "TAIL_BYTES", "UsageTap", "ask_usage", "content_events", "parse_usage"]
+__all__ = ["HOLD_BYTES", "MAX_TOKENS", "TAIL_BYTES", "UsageTap", "ask_usage", "parse_usage"]
 
 TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
 HOLD_BYTES = 64 * 1024  # a partial event held back longer than this is let through (stripping stops)
-MAX_TOKENS = 10**9  # a usage count above this is clamped
-_USAGE_OBJ = re.compile(rb'"usage"\s*:\s*\{')
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _SOME_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 _BOUNDARY = re.compile(rb"\r?\n\r?\n")  # the blank line that ends an SSE event
@@ -50,18 +48,13 @@ _ASK = b'{"stream_options":{"include_usage":true},'
 USAGE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 
 
-def content_events(p: bytes) -> int:
-    """Content-carrying events in a piece of an SSE body (the rule of
-    :mod:`flexinfer._speedups.ssescan_py`: non-empty ``content``, ``reasoning_content`` or ``text``)."""
-    return sse_scan(p) >> 2
-
-
-def ask_usage(body: bytes, data: dict[str, Any]) -> bytes | None:
+def ask_usage(body: bytes, data: dict[str, Any], model: str | None = None) -> bytes | None:
     """The body of a streaming request that did not ask for usage, asking for it
     (``stream_options.include_usage``); None when it asked already or cannot be changed safely
     (``stream_options`` that is not an object, or vLLM's ``continuous_usage_stats``, which would
-    put usage into every event). The key is spliced in after the opening brace when absent (no
-    re-encoding), else the parsed object is re-encoded."""
+    put usage into every event). The key is spliced into ``body`` (already rewritten for the
+    backend) after the opening brace when absent (no re-encoding), else the parsed object is
+    re-encoded, with ``model`` (the backend's model name) in place of the client's."""
     opts = data.get("stream_options")
     if opts is None and "stream_options" not in data:
         start = body.find(b"{")
@@ -72,6 +65,8 @@ def ask_usage(body: bytes, data: dict[str, Any]) -> bytes | None:
         return None
     out = dict(data)
     out["stream_options"] = {**opts, "include_usage": True}
+    if model is not None and "model" in out:
+        out["model"] = model
     return orjson.dumps(out)
 
 
@@ -80,13 +75,12 @@ class UsageTap:
     written: returns None (write them as they are) or the pieces to write instead (stripping).
     Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
 
-    __slots__ = ("_held", "_mid", "_parsed", "_usage", "clock", "sse", "stats", "status", "strip", "stripped",
-                 "t0", "tail", "ttft")
+    __slots__ = ("_held", "_mid", "_parsed", "_usage", "clock", "stats", "status", "strip", "stripped", "t0",
+                 "tail", "ttft")
 
     def __init__(self) -> None:
         self.tail = bytearray()
         self.clock: Any = None  # SSE: the per-read accounting (flexinfer._speedups.SseClock)
-        self.sse = False
         self.status: int | None = None  # the upstream status, once a response head arrived
         self.strip = False  # remove the usage-only event (the proxy asked for it, the client did not)
         self.stripped = 0  # events removed
@@ -101,7 +95,6 @@ class UsageTap:
     def start(self, status: int, sse: bool, strip: bool, t0: float, stats: Any) -> None:
         """The response head is in: what kind of body follows."""
         self.status = status
-        self.sse = sse
         self.strip = strip and sse
         self.t0 = t0
         self.stats = stats
@@ -119,19 +112,13 @@ class UsageTap:
         buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         clock = self.clock
         if clock is None:  # not SSE: keep the tail (the usage object ends the body)
-            tail = self.tail
-            tail += buf
-            if len(tail) > 2 * TAIL_BYTES:
-                del tail[:-TAIL_BYTES]
+            self._keep(buf)
             if self.ttft < 0:
                 self.ttft = time.perf_counter() - self.t0
             return None
         scan = clock.feed(buf)
         if scan & KEEP:  # a usage object (or part of one) may be in this read
-            tail = self.tail
-            tail += buf
-            if len(tail) > 2 * TAIL_BYTES:
-                del tail[:-TAIL_BYTES]
+            self._keep(buf)
         if self.ttft < 0 and clock.ttft >= 0:  # the first content event: time to first token
             self.ttft = clock.ttft
             if self.stats is not None:
@@ -144,9 +131,21 @@ class UsageTap:
         return None
 
     @property
+    def sse(self) -> bool:
+        """The body is an SSE stream (its reads are counted and timed)."""
+        return self.clock is not None
+
+    @property
     def events(self) -> int:
         """Content-carrying SSE events seen (0 for other bodies)."""
         return 0 if self.clock is None else int(self.clock.events)
+
+    def _keep(self, buf: bytes) -> None:
+        """Add a read to the tail that :meth:`usage` parses (its last :data:`TAIL_BYTES` at least)."""
+        tail = self.tail
+        tail += buf
+        if len(tail) > 2 * TAIL_BYTES:
+            del tail[:-TAIL_BYTES]
 
     def finish(self) -> None:
         """The body is over: its inter-token gaps go into the model's histogram (once per body)."""
@@ -169,7 +168,7 @@ class UsageTap:
             ev = buf[pos:m.start()]
             if self._mid:  # the rest of an event whose start went out already: never removed
                 self._mid = False
-            elif (ev.startswith(b"data:") or b"\ndata:" in ev) and _USAGE_OBJ.search(ev) is not None and _NO_CHOICES.search(ev) is not None:
+            elif (ev.startswith(b"data:") or b"\ndata:" in ev) and sse_scan(ev) & USAGE_OBJECT and _NO_CHOICES.search(ev) is not None:
                 if kept_from < pos:
                     keep.append(buf[kept_from:pos])
                 kept_from = m.end()

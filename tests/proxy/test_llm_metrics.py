@@ -20,7 +20,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flexinfer.proxy.usage import UsageTap, ask_usage, content_events
+from flexinfer._speedups import sse_scan
+from flexinfer.proxy.usage import UsageTap, ask_usage
 from tests.harness import free_port, reach
 from tests.proxy.conftest import Stack, fast_settings, model
 
@@ -105,6 +106,15 @@ def test_setting_off_sends_the_body_untouched(stack: Stack, client: Callable[[],
     list(client().chat.completions.create(model="m", messages=MSG, stream=True))  # type: ignore[arg-type]
     assert "stream_options" not in json.loads(stack.stub.requests[-1].body)
     assert sample(scrape(stack), "flexinfer_proxy_completion_tokens_total", model="m") == 0  # unknown: nothing
+
+
+def test_asking_for_usage_keeps_the_model_rewrite(stack: Stack, client: Callable[[], openai.OpenAI]) -> None:
+    # stream_options present without include_usage: the body is re-encoded, with the served name
+    stack.start_proxy([model("m", stack.stub, served_name="engine-m")], fast_settings())
+    list(client().chat.completions.create(model="m", messages=MSG, stream=True,  # type: ignore[arg-type]
+                                          stream_options={"include_usage": False}))
+    sent = json.loads(stack.stub.requests[-1].body)
+    assert sent["model"] == "engine-m" and sent["stream_options"] == {"include_usage": True}
 
 
 def test_stripping_is_byte_exact_against_the_stub(stack: Stack) -> None:
@@ -233,8 +243,13 @@ def test_ask_usage_rules() -> None:
     for opts in ({"include_usage": True}, {"continuous_usage_stats": True}, "bogus"):
         data = {"stream": True, "stream_options": opts}
         assert ask_usage(json.dumps(data).encode(), data) is None  # asked already / would change every event
-    data = {"stream": True, "stream_options": {"include_usage": False}}
-    assert json.loads(ask_usage(json.dumps(data).encode(), data) or b"")["stream_options"] == {"include_usage": True}
+    data = {"model": "alias", "stream": True, "stream_options": {"include_usage": False}}
+    out = json.loads(ask_usage(json.dumps(data).encode(), data, "served") or b"")
+    assert out["stream_options"] == {"include_usage": True} and out["model"] == "served"
+
+
+def content_events(p: bytes) -> int:
+    return sse_scan(p) >> 2
 
 
 def test_content_events() -> None:
