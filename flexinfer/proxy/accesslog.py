@@ -7,8 +7,8 @@ body (401, a 404 model from the path or header, a 400 path) are logged too. The 
 ``flexinfer.logs`` writes the record: JSON keys with ``--log-format json``, a JSON object after
 the message with ``text``; it also redacts secrets and escapes control characters.
 Reads the request context's fields ``endpoint``, ``ttft``, ``queue_wait``, ``prompt_tokens`` and
-``completion_tokens`` with defaults (the pipeline fills them; a field it lacks logs as null) and
-the ResponseWriter's ``status``, ``sent`` and ``client_abort``.
+``completion_tokens`` (the pipeline fills them; an unmeasured one logs as null) and the
+ResponseWriter's ``status``, ``sent`` and ``client_abort``.
 Must not: log headers (the User-Agent alone is kept), the query string or bodies, or raise into
 the request path.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 from flexinfer.errors import FlexInferError
 from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.proxy.context import RequestContext
 
 ACCESS = logging.getLogger("flexinfer.access")
 #: longest path and User-Agent kept in a line (the URL limit is 8 KiB)
@@ -29,13 +30,13 @@ MAX_PATH = 1024
 MAX_AGENT = 256
 
 
-def _seconds(value: Any) -> float | None:
+def _seconds(value: float) -> float | None:
     """A duration of the context (negative: not measured) as seconds rounded to the microsecond."""
-    return round(value, 6) if isinstance(value, float) and value >= 0 else None
+    return round(value, 6) if value >= 0 else None
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and value >= 0 else None
+def _count(value: int) -> int | None:
+    return value if value >= 0 else None
 
 
 class AccessLog:
@@ -47,32 +48,25 @@ class AccessLog:
         self.logger = logger
         logger.setLevel(logging.INFO)  # on by its own setting: --log-level warning keeps it
 
-    def _fields(self, req: Request, ctx: Any, model: str | None) -> dict[str, Any]:
+    def _fields(self, req: Request, ctx: RequestContext | None, model: str | None) -> dict[str, Any]:
         agent = req.get(b"user-agent")
-        rid = getattr(ctx, "request_id", None)
-        t0 = getattr(ctx, "t0", None)
-        return {
-            "request_id": rid.decode("latin-1") if isinstance(rid, bytes) else None,
-            "method": req.method,
-            "path": req.path[:MAX_PATH],
-            "model": model or None,
-            "endpoint": getattr(ctx, "endpoint", "") or None,
-            "status": 0,
-            "bytes_sent": 0,
-            "queue_wait": _seconds(getattr(ctx, "queue_wait", 0.0)),
-            "ttft": _seconds(getattr(ctx, "ttft", -1.0)),
-            "duration": round(time.perf_counter() - t0, 6) if isinstance(t0, float) else None,
-            "prompt_tokens": _count(getattr(ctx, "prompt_tokens", -1)),
-            "completion_tokens": _count(getattr(ctx, "completion_tokens", -1)),
-            "client_abort": False,
-            "client": req.peer,
+        fields: dict[str, Any] = {
+            "request_id": None, "method": req.method, "path": req.path[:MAX_PATH], "model": model or None,
+            "endpoint": None, "status": 0, "bytes_sent": 0, "queue_wait": None, "ttft": None, "duration": None,
+            "prompt_tokens": None, "completion_tokens": None, "client_abort": False, "client": req.peer,
             "user_agent": agent[:MAX_AGENT].decode("latin-1") if agent is not None else None,
         }
+        if ctx is not None:  # None: refused before the context was made (a bad path)
+            fields.update(request_id=ctx.request_id.decode("latin-1"), endpoint=ctx.endpoint or None,
+                          queue_wait=_seconds(ctx.queue_wait), ttft=_seconds(ctx.ttft),
+                          duration=round(time.perf_counter() - ctx.t0, 6),
+                          prompt_tokens=_count(ctx.prompt_tokens), completion_tokens=_count(ctx.completion_tokens))
+        return fields
 
-    def request(self, req: Request, resp: ResponseWriter, ctx: Any, model: str | None) -> None:
+    def request(self, req: Request, resp: ResponseWriter, ctx: RequestContext, model: str | None) -> None:
         """The record of a request the pipeline handled (at the end of ``handle``)."""
         try:
-            fields = self._fields(req, ctx, model or getattr(ctx, "model_name", None))
+            fields = self._fields(req, ctx, model or ctx.model_name)
             aborted = bool(resp.client_abort)
             status = resp.status or (499 if aborted else 0)  # nginx's 499: gone before an answer
             fields["status"], fields["bytes_sent"], fields["client_abort"] = status, resp.sent, aborted
@@ -89,8 +83,8 @@ class AccessLog:
     def refused(self, req: Request, err: FlexInferError) -> None:
         """The record of a request refused by ``on_headers`` (answered by the HTTP core)."""
         try:
-            ctx = req.ctx
-            fields = self._fields(req, ctx, getattr(ctx, "model_name", None))
+            ctx = req.ctx if isinstance(req.ctx, RequestContext) else None
+            fields = self._fields(req, ctx, ctx.model_name if ctx is not None else None)
             fields["status"], fields["bytes_sent"] = err.status, 0 if req.method == "HEAD" else len(err.body())
             self._emit(req.method, fields["path"], err.status, fields)
         except Exception:  # pragma: no cover - never into the request path

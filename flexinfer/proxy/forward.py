@@ -98,18 +98,21 @@ class Forwarder:
         self.disagg = Disagg(self)  # prefill/decode disaggregation (only for views with endpoint roles)
 
     def _decided(self, req: Request, view: ModelView, ep: Endpoint, strategy: str, source: str) -> None:
-        """Count the pick in ``routing_decisions_total`` and, when asked, explain it."""
+        """Count the pick in ``routing_decisions_total``, note the replica in the request's
+        context (``endpoint``, for the access log) and, when asked, explain the pick."""
         if source.startswith("prefix-match"):  # bounded label values
             source = "prefix-match"
         self.metrics.decided((view.name, strategy, source))
+        ctx = req.ctx
+        if not isinstance(ctx, RequestContext):
+            return
+        ctx.endpoint = ep.key
         explain = self._explain
         if explain and (explain == 2 or req.get(b"x-flexinfer-explain") == b"1"):
             decision = self.router.last_decision if strategy == "scored" else None
             text = (decision.header() if decision is not None and decision.key == ep.key
                     else f"pick={ep.key}; reason={strategy} ({source})")
-            ctx = req.ctx
-            if isinstance(ctx, RequestContext):
-                ctx.explain = text.encode("ascii", "replace")
+            ctx.explain = text.encode("ascii", "replace")
 
     async def _send(self, req: Request, path: str, view: ModelView, data: dict[str, Any] | None,
                     headers: list[tuple[bytes, bytes]], body: bytes,
@@ -119,64 +122,64 @@ class Forwarder:
         ``first``: a pick made already (the disaggregated flow picks the decode replica early).
         ``begin``: the client's answer starts from the upstream read that carried the head.
         ``exclude``: replicas not to pick (the retry's: the one that refused; within the retry budget)."""
-        while True:
-            try:
-                if first is not None:
-                    (ep, strategy, source), first = first, None
-                elif self.tracer is None:
-                    ep, strategy, source = self.router.pick(view, data, req, exclude)
-                else:  # the pick in a span (flexinfer.proxy.tracing)
-                    ep, strategy, source = self.tracer.pick(self.router, view, data, req, exclude)
-            except LookupError:
-                raise errors.ServiceUnavailable(
-                    f"model {view.name!r} has no reachable replica", retry_after=1) from None
-            self._decided(req, view, ep, strategy, source)
-            ctx = req.ctx
-            if isinstance(ctx, RequestContext):
-                ctx.endpoint = ep.key
-            pool = self.pools.get(ep.host, ep.port)
-            self.router.acquire(ep)
-            if self.tracer is not None:  # the upstream span; its traceparent goes upstream
-                self.tracer.send(req, view, data, ep, headers)
-            try:
-                if begin is None:
-                    up = await pool.request(req.method, path, headers, body)
-                else:
-                    begin.ep, begin.strategy, begin.source = ep, strategy, source
-                    up = await pool.request(req.method, path, headers, body, on_head=begin.on_head)
-            except UpstreamConnectError as exc:
+        try:
+            if first is not None:
+                ep, strategy, source = first
+            elif self.tracer is None:
+                ep, strategy, source = self.router.pick(view, data, req, exclude)
+            else:  # the pick in a span (flexinfer.proxy.tracing)
+                ep, strategy, source = self.tracer.pick(self.router, view, data, req, exclude)
+        except LookupError:
+            raise errors.ServiceUnavailable(
+                f"model {view.name!r} has no reachable replica", retry_after=1) from None
+        self._decided(req, view, ep, strategy, source)
+        pool = self.pools.get(ep.host, ep.port)
+        self.router.acquire(ep)
+        if self.tracer is not None:  # the upstream span; its traceparent goes upstream
+            self.tracer.send(req, view, data, ep, headers)
+        try:
+            if begin is None:
+                up = await pool.request(req.method, path, headers, body)
+            else:
+                begin.ep, begin.strategy, begin.source = ep, strategy, source
+                up = await pool.request(req.method, path, headers, body, on_head=begin.on_head)
+        except UpstreamConnectError as exc:
+            self.router.release(ep)
+            self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
+            self._outcome(view, ep, False, "connect")
+            if not exclude and len(view.endpoints) > 1 and await self._retry_slot(view):
+                self.metrics.upstream_retries.labels(view.name).inc()
+                try:  # the retry counts against the budget until its head is in (or it failed)
+                    return await self._send(req, path, view, data, headers, body, None, begin,
+                                            frozenset((ep.key,)))
+                finally:
+                    self.retries.done(view.name)
+            raise _map_upstream(exc, view) from None
+        except UpstreamError as exc:
+            self.router.release(ep)
+            self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
+            self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
+            raise _map_upstream(exc, view) from None
+        except BaseException:  # cancelled: after the head callback, its when_complete may have released
+            if begin is None or begin.up is None or not begin.up.complete_notified:
                 self.router.release(ep)
-                self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
-                self._outcome(view, ep, False, "connect")
-                if not exclude and len(view.endpoints) > 1 and await self._retry_slot(view):
-                    self.metrics.upstream_retries.labels(view.name).inc()
-                    try:  # the retry counts against the budget until its head is in (or it failed)
-                        return await self._send(req, path, view, data, headers, body, None, begin,
-                                                frozenset((ep.key,)))
-                    finally:
-                        self.retries.done(view.name)
-                raise _map_upstream(exc, view) from None
-            except UpstreamError as exc:
-                self.router.release(ep)
-                self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
-                self._outcome(view, ep, False, "timeout" if exc.reason in _TIMEOUTS else "5xx")
-                raise _map_upstream(exc, view) from None
-            except BaseException:  # cancelled: after the head callback, its when_complete may have released
-                if begin is None or begin.up is None or not begin.up.complete_notified:
-                    self.router.release(ep)
-                raise
-            if self.router.ejector is not None:
-                self._outcome(view, ep, up.status < 500, "ok" if up.status < 500 else "5xx")
-            if self.tracer is not None:
-                self.tracer.answered(up)
-            return up, ep, strategy, source
+            raise
+        if self.router.ejector is not None:
+            self._outcome(view, ep, up.status < 500, "ok" if up.status < 500 else "5xx")
+        if self.tracer is not None:
+            self.tracer.answered(up)
+        return up, ep, strategy, source
 
     async def _retry_slot(self, view: ModelView) -> bool:
         """A slot of the retry budget for one retry of ``view``'s request (then ``retries.done``):
         at once, or after waiting (at most the connect timeout) for an open retry to end."""
         budget = self.retries
         endpoints = [e.key for e in view.endpoints]
-        if budget.take(view.name, 1 + sum(self.router.load.loads(endpoints))):
+
+        def in_flight() -> int:  # the model's open upstream requests, the asking one included
+            return 1 + sum(self.router.load.loads(endpoints))
+
+        if budget.take(view.name, in_flight()):
             return True
         budget.waited += 1
         loop = asyncio.get_running_loop()
@@ -187,7 +190,7 @@ class Forwarder:
                     await budget.wait_slot(view.name)
             except TimeoutError:
                 break
-            if budget.take(view.name, 1 + sum(self.router.load.loads(endpoints))):
+            if budget.take(view.name, in_flight()):
                 return True
         budget.refused += 1
         return False

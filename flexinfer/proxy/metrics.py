@@ -52,50 +52,10 @@ _LATENCY_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
 _ITL_LE = [floatToGoString(b) for b in ITL_BUCKETS] + ["+Inf"]
 
 
-class ModelStats:
-    """The per-request series of one model: plain numbers, written by one event loop thread.
-
-    ``in_flight`` is the gauge's value; the histograms keep one (non-cumulative) count per bucket
-    of :data:`LATENCY_BUCKETS` plus one for +Inf, and their sum.
-    """
-
-    __slots__ = ("completion_tokens", "created", "duration", "duration_sum", "in_flight", "itl", "itl_sum",
-                 "prompt_tokens", "ttfb", "ttfb_sum", "ttft", "ttft_sum")
-
-    def __init__(self) -> None:
-        self.created = time.time()
-        self.in_flight = 0
-        self.duration = [0] * (len(LATENCY_BUCKETS) + 1)
-        self.duration_sum = 0.0
-        self.ttfb = [0] * (len(LATENCY_BUCKETS) + 1)
-        self.ttfb_sum = 0.0
-        self.ttft = [0] * (len(LATENCY_BUCKETS) + 1)  # time to first token (SSE content event)
-        self.ttft_sum = 0.0
-        self.itl = [0] * (len(ITL_BUCKETS) + 1)  # inter-token latency (ITL_BUCKETS)
-        self.itl_sum = 0.0
-        self.prompt_tokens = 0  # from the responses' usage
-        self.completion_tokens = 0
-
-    def observe_duration(self, seconds: float) -> None:
-        self.duration[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.duration_sum += seconds
-
-    def observe_ttfb(self, seconds: float) -> None:
-        self.ttfb[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.ttfb_sum += seconds
-
-    def observe_ttft(self, seconds: float) -> None:
-        self.ttft[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.ttft_sum += seconds
-
-    def observe_itl(self, seconds: float, n: int) -> None:
-        """``n`` inter-token samples of ``seconds`` each (the events of one read)."""
-        self.itl[bisect_left(ITL_BUCKETS, seconds)] += n
-        self.itl_sum += seconds * n
-
-
 class EndpointStats:
-    """The per-request duration of one (model, endpoint) pair: plain numbers like :class:`ModelStats`."""
+    """The request duration of one (model, endpoint) pair, and the base of :class:`ModelStats`:
+    plain numbers, written by one event loop thread (a non-cumulative count per bucket of
+    :data:`LATENCY_BUCKETS` plus one for +Inf, and their sum)."""
 
     __slots__ = ("created", "duration", "duration_sum")
 
@@ -107,6 +67,35 @@ class EndpointStats:
     def observe_duration(self, seconds: float) -> None:
         self.duration[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.duration_sum += seconds
+
+
+class ModelStats(EndpointStats):
+    """The per-request series of one model: the duration (:class:`EndpointStats`), time to first
+    byte and to first token, inter-token latency (:data:`ITL_BUCKETS`; a stream's gaps are added by
+    its usage tap when it ends), tokens, and the in-flight gauge's value."""
+
+    __slots__ = ("completion_tokens", "in_flight", "itl", "itl_sum", "prompt_tokens", "ttfb", "ttfb_sum", "ttft",
+                 "ttft_sum")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.ttfb = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.ttfb_sum = 0.0
+        self.ttft = [0] * (len(LATENCY_BUCKETS) + 1)  # time to first token (SSE content event)
+        self.ttft_sum = 0.0
+        self.itl = [0] * (len(ITL_BUCKETS) + 1)  # inter-token latency (ITL_BUCKETS)
+        self.itl_sum = 0.0
+        self.prompt_tokens = 0  # from the responses' usage
+        self.completion_tokens = 0
+
+    def observe_ttfb(self, seconds: float) -> None:
+        self.ttfb[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.ttfb_sum += seconds
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.ttft_sum += seconds
 
 
 def _cumulative(counts: list[int], les: list[str] = _LATENCY_LE) -> list[tuple[str, float]]:
