@@ -50,14 +50,15 @@ _ATOMS = [b'"content"', b'"reasoning_content"', b'"text"', b'"usage"', b":", b" 
           b"{", b"}", b"x", b"null", b"\\", b"data: ", b'""', b"[", b"]", b","]
 
 
+def _twins() -> tuple[ModuleType, ModuleType]:
+    """(py, c), or skip when the compiled twin is not built / switched off."""
+    return load("ssescan", "py"), load("ssescan", "c")
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(_ATOMS), max_size=40))
 def test_twins_agree(parts: list[bytes]) -> None:
-    py = load("ssescan", "py")
-    try:
-        c = load("ssescan", "c")
-    except pytest.skip.Exception:
-        return
+    py, c = _twins()
     buf = b"".join(parts)
     assert c.sse_scan(buf) == py.sse_scan(buf), buf
 
@@ -69,11 +70,7 @@ _USAGE_ATOMS = [b'"usage"', b'"prompt_tokens"', b'"completion_tokens"', b":", b"
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(_USAGE_ATOMS), max_size=30), st.booleans())
 def test_parse_usage_twins_agree(parts: list[bytes], as_bytearray: bool) -> None:
-    py = load("ssescan", "py")
-    try:
-        c = load("ssescan", "c")
-    except pytest.skip.Exception:
-        return
+    py, c = _twins()
     raw = b"".join(parts)
     buf: bytes | bytearray = bytearray(raw) if as_bytearray else raw
     assert c.parse_usage(buf) == py.parse_usage(buf), raw
