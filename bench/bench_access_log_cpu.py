@@ -12,7 +12,6 @@ Usage: ``python bench/bench_access_log_cpu.py [--duration 5] [--rounds 3] [--con
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,8 +22,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_sharing import RESULTS, _cpu, _env, _wrk
-from bench.load_proxy import lua_script, parse_wrk
+from bench.bench_scored_cpu import cpu_args, cpu_per_request
+from bench.bench_sharing import RESULTS, _env
+from bench.load_proxy import lua_script, wrk_cores
 from tests.harness import free_port, wait_port
 from tests.proxy._procs import stop as _stop
 
@@ -34,16 +34,11 @@ MODES = {"off": ("text", {}), "json": ("json", {"PROXY_ACCESS_LOG": "1"}), "text
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--duration", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--connections", type=int, default=32)
-    args = ap.parse_args()
-    if not shutil.which("wrk"):
-        print("wrk is missing (make bench installs it)", file=sys.stderr)
+    args = cpu_args(__doc__).parse_args()
+    cores = wrk_cores()
+    if cores is None:
         return 2
-    ncpu = os.cpu_count() or 1
-    proxy_core, load_core = ("0", "1") if ncpu >= 2 else ("0", "0")
+    proxy_core, load_core = cores
     tmp = Path(tempfile.mkdtemp(prefix="flexinfer-bench-accesslog-"))
     eport = free_port()
     inv = tmp / "inv.yaml"
@@ -68,16 +63,9 @@ def main() -> int:
                          "--log-format", fmt, "proxy", "-c", str(inv), "--port", str(port)],
                         cwd=ROOT, env=_env(**env), stderr=err)
                     try:
-                        wait_port(port)
-                        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                        _wrk(url, script, 8, 2, load_core).communicate()  # warm
-                        c0 = _cpu(proxy.pid)
-                        out, _ = _wrk(url, script, args.connections, args.duration, load_core).communicate()
-                        used = _cpu(proxy.pid) - c0
-                        res = parse_wrk(out)
-                        n = max(1.0, res.get("requests", 0) - res.get("errors", 0))
-                        cpu[mode].append(used / n * 1e6)
-                        rps[mode].append(res["rps"])
+                        us, r = cpu_per_request(proxy, port, script, args.connections, args.duration, load_core)
+                        cpu[mode].append(us)
+                        rps[mode].append(r)
                     finally:
                         _stop(proxy)
                 lines[mode] = max(lines[mode], log.read_bytes().count(b"\n"))
@@ -93,7 +81,7 @@ def main() -> int:
     (RESULTS / "access_log_cpu.json").write_text(json.dumps(results, indent=2) + "\n")
     md = ["# Proxy CPU per request: access log off / JSON / text (one run)", "",
           f"One stub engine, {args.rounds} alternated rounds of {args.duration:g} s, wrk -c{args.connections}, "
-          f"one proxy worker on its own core, stderr to a file; load average at the end {load:.1f} on {ncpu} cores "
+          f"one proxy worker on its own core, stderr to a file; load average at the end {load:.1f} on {os.cpu_count() or 1} cores "
           "(a figure taken on a busy machine is inflated: compare the modes, not runs).", "",
           "| access log | CPU µs/request (median) | rounds | extra over off | requests/s (median) |",
           "|---|---|---|---|---|"]

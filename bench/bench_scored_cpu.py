@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_sharing import RESULTS, _cpu, _env, _proxy, _wrk
-from bench.load_proxy import lua_script, parse_wrk
+from bench.load_proxy import lua_script, parse_wrk, wrk_cores
 from tests.harness import free_port, wait_port
 from tests.proxy._procs import stop as _stop
 
@@ -49,19 +48,39 @@ vllm:inter_token_latency_seconds_count{model_name="bench"} 100
 """
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def cpu_args(doc: str) -> argparse.ArgumentParser:
+    """The knobs of an alternated CPU-per-request run: ``--duration``, ``--rounds``, ``--connections``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=32)
+    return ap
+
+
+def cpu_per_request(proxy: subprocess.Popen[bytes], port: int, script: Path, connections: int, duration: float,
+                    load_core: str) -> tuple[float, float]:
+    """Once the proxy listens on ``port``: a 2 s warm-up, then the wrk load on ``load_core``; the proxy
+    process's user+sys CPU µs per answered request over the load window, and the requests/s."""
+    wait_port(port)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    _wrk(url, script, 8, 2, load_core).communicate()  # warm (and two scrapes for a scored chain)
+    c0 = _cpu(proxy.pid)
+    out, _ = _wrk(url, script, connections, duration, load_core).communicate()
+    used = _cpu(proxy.pid) - c0
+    res = parse_wrk(out)
+    n = max(1.0, res.get("requests", 0) - res.get("errors", 0))
+    return used / n * 1e6, res["rps"]
+
+
+def main() -> int:
+    ap = cpu_args(__doc__)
     ap.add_argument("--scheduler", default="", help="the scored chain (default: Kthena's)")
     ap.add_argument("--out", default="scored_cpu", help="results file stem in bench/results")
     args = ap.parse_args()
-    if not shutil.which("wrk"):
-        print("wrk is missing (make bench installs it)", file=sys.stderr)
+    cores = wrk_cores()
+    if cores is None:
         return 2
-    ncpu = os.cpu_count() or 1
-    proxy_core, load_core = ("0", "1") if ncpu >= 2 else ("0", "0")
+    proxy_core, load_core = cores
     tmp = Path(tempfile.mkdtemp(prefix="flexinfer-bench-scored-"))
     page = tmp / "metrics.txt"
     page.write_text(PAGE)
@@ -89,16 +108,9 @@ def main() -> int:
                 port = free_port()
                 proxy = _proxy(invs[mode], port, 1, proxy_core)
                 try:
-                    wait_port(port)
-                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                    _wrk(url, script, 8, 2, load_core).communicate()  # warm (and two scrapes for scored)
-                    c0 = _cpu(proxy.pid)
-                    out, _ = _wrk(url, script, args.connections, args.duration, load_core).communicate()
-                    used = _cpu(proxy.pid) - c0
-                    res = parse_wrk(out)
-                    n = max(1.0, res.get("requests", 0) - res.get("errors", 0))
-                    cpu[mode].append(used / n * 1e6)
-                    rps[mode].append(res["rps"])
+                    us, r = cpu_per_request(proxy, port, script, args.connections, args.duration, load_core)
+                    cpu[mode].append(us)
+                    rps[mode].append(r)
                 finally:
                     _stop(proxy)
     finally:

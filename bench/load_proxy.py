@@ -96,17 +96,25 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def wrk_cores() -> tuple[str, str] | None:
+    """The (proxy, load) cores of a wrk run: the proxy alone on core 0, wrk and the stub engines on core 1
+    (both on core 0 on a one-core machine); None, said on stderr, when wrk is missing."""
+    if not shutil.which("wrk"):
+        print("wrk is missing: `apt-get install wrk` (make bench does it)", file=sys.stderr)
+        return None
+    return ("0", "1") if (os.cpu_count() or 1) >= 2 else ("0", "0")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--c1-duration", type=float, default=5.0)
     args = ap.parse_args()
-    if not shutil.which("wrk"):
-        print("wrk is missing: `apt-get install wrk` (make bench does it)", file=sys.stderr)
+    cores = wrk_cores()
+    if cores is None:
         return 2
-    ncpu = os.cpu_count() or 1
-    proxy_core, load_core = ("0", "1") if ncpu >= 2 else ("0", "0")
+    proxy_core, load_core = cores
     tmp = Path(tempfile.mkdtemp(prefix="flexinfer-bench-"))
     engine_port, engine2_port, proxy_port = free_port(), free_port(), free_port()
     (tmp / "inv.yaml").write_text(
@@ -172,8 +180,8 @@ def main() -> int:
     for name, sc in results["scenarios"].items():  # type: ignore[attr-defined]
         for label, key in (("direct", "direct"), ("proxy", "proxy")):
             r = sc[key]
-            cpu = f"{r['cpu_us_per_request']:.0f}" if "cpu_us_per_request" in r else ""
-            md.append(f"| {name} | {label} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu} | "
+            cpu_cell = f"{r['cpu_us_per_request']:.0f}" if "cpu_us_per_request" in r else ""
+            md.append(f"| {name} | {label} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cpu_cell} | "
                       f"{r['errors']:.0f} |")
         a = sc["added_latency_c1"]
         md.append(f"| {name} | added at c=1 | | {a['p50_ms']:.3f} | {a['p99_ms']:.3f} | | |")
