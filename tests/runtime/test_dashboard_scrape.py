@@ -12,20 +12,11 @@ import pytest
 
 from flexinfer.sharing import Windows
 from tests.dashboard import dashboard_uses, missing, scrape
-from tests.runtime.conftest import LocalStack, stub_cmd
+from tests.runtime.conftest import LocalStack
+from tests.runtime.test_local import GROUP as LOCAL_GROUP
 
 MSG = [{"role": "user", "content": "hi"}]
-GROUP = f"""
-    models:
-      - name: a
-        command: {stub_cmd()}
-        group: gpu0
-        priority: 100
-      - name: b
-        command: {stub_cmd()}
-        group: gpu0
-        priority: 100
-"""
+GROUP = LOCAL_GROUP.replace("PRIO", "100")  # a and b share gpu0 at the same priority
 
 
 def test_every_proxy_panel_reads_an_exported_series(local: LocalStack) -> None:
