@@ -73,6 +73,3 @@ class RetryBudget:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(model, deque()).append(fut)
         return fut
-
-    def open(self, model: str) -> int:
-        return self._open.get(model, 0)

@@ -6,7 +6,7 @@ the admission of that estimate against the buckets ``tokens:model:<name>`` and `
 ``rate_limit_exceeded`` refusal (``Retry-After``, ``retry-after-ms``, counted in
 ``flexinfer_proxy_rate_limited_total{model,scope="tokens-model"|"tokens-key"}``), and the charge after the response: ``prompt_tokens + completion_tokens`` of the response's ``usage``
 minus what admission took (debt when more: the next requests wait; a refund when less), read from
-the request's one :class:`flexinfer.proxy.usage.UsageTap` (re-exported here with ``parse_usage``).
+the request's one :class:`flexinfer.proxy.usage.UsageTap`.
 Must not: do I/O, parse a body it was not handed, log per request, or let anything about a
 response's ``usage`` (absent, malformed, huge) fail or delay the response to the client.
 
@@ -35,11 +35,10 @@ from typing import Any, Protocol
 
 from flexinfer.errors import RateLimited
 from flexinfer.proxy.metrics import ProxyMetrics
-from flexinfer.proxy.usage import MAX_TOKENS, TAIL_BYTES, UsageTap, parse_usage
+from flexinfer.proxy.usage import UsageTap
 from flexinfer.settings import ProxySettings
 
-__all__ = ["MAX_TOKENS", "TAIL_BYTES", "TokenBuckets", "TokenCharge", "TokenLimiter", "UsageTap", "estimate_tokens",
-           "key_id", "parse_usage"]
+__all__ = ["TokenBuckets", "TokenCharge", "TokenLimiter", "estimate_tokens", "key_id"]
 
 
 class TokenBuckets(Protocol):

@@ -8,7 +8,7 @@ counts content-carrying events, times the first of them (time to first token) an
 the reads that carry them (inter-token latency), and, when the proxy added
 ``stream_options.include_usage`` to the request (:func:`ask_usage`), removes the usage-only event
 that this made the engine send, leaving every other byte of the stream as it came.
-``parse_usage`` (the ``_speedups`` primitive) is re-exported for token limits.
+The end-of-body parse is ``flexinfer._speedups.parse_usage``.
 Must not: parse JSON per event, allocate per event on the common path (a read of whole events, no
 usage object), do I/O, or let anything in a body (absent, malformed, huge usage) fail or delay the
 response; a tap that raises is dropped by the relay, which goes on.
@@ -33,10 +33,10 @@ from typing import Any
 import orjson
 
 from flexinfer._speedups import SseClock, parse_usage, sse_scan
-from flexinfer._speedups.ssescan_py import KEEP, MAX_TOKENS, USAGE_OBJECT, WHOLE
+from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
 from flexinfer.proxy.metrics import ITL_BUCKETS
 
-__all__ = ["HOLD_BYTES", "MAX_TOKENS", "TAIL_BYTES", "UsageTap", "ask_usage", "parse_usage"]
+__all__ = ["HOLD_BYTES", "TAIL_BYTES", "USAGE_PATHS", "UsageTap", "ask_usage"]
 
 TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
 HOLD_BYTES = 64 * 1024  # a partial event held back longer than this is let through (stripping stops)
