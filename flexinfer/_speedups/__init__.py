@@ -35,6 +35,7 @@ __all__ = [
     "TokenBucket",
     "best_of",
     "chained_block_hashes",
+    "event_end",
     "keep_below",
     "key_hash",
     "kv_free",
@@ -44,6 +45,7 @@ __all__ = [
     "model_key_scan",
     "parse_usage",
     "sse_scan",
+    "usage_cuts",
 ]
 
 PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
@@ -86,8 +88,10 @@ if TYPE_CHECKING:
     from .shmstate_py import TableFull as TableFull
     from .shmstate_py import key_hash as key_hash
     from .ssescan_py import SseClock as SseClock
+    from .ssescan_py import event_end as event_end
     from .ssescan_py import parse_usage as parse_usage
     from .ssescan_py import sse_scan as sse_scan
+    from .ssescan_py import usage_cuts as usage_cuts
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
@@ -110,7 +114,9 @@ else:
     del _shmstate
     _ssescan = _pick("ssescan")
     sse_scan = _ssescan.sse_scan
+    usage_cuts = _ssescan.usage_cuts
     SseClock = _ssescan.SseClock
+    event_end = _ssescan.event_end
     parse_usage = _ssescan.parse_usage
     del _ssescan
     _tokenbucket = _pick("tokenbucket")

@@ -44,6 +44,9 @@ cdef long _scan(const char* b, Py_ssize_t size) noexcept:
         if hit == NULL:
             break
         i = hit - b
+        if i + 1 < size and b[i + 1] != 99 and b[i + 1] != 114 and b[i + 1] != 116 and b[i + 1] != 117:
+            i += 1  # no key of ours starts here ('c', 'r', 't', 'u'): the common quote
+            continue
         k = 0  # the length of the key with its quotes, when one starts here
         usage = 0
         if i + 9 <= size and memcmp(hit, b'"content"', 9) == 0:
@@ -74,6 +77,100 @@ cdef long _scan(const char* b, Py_ssize_t size) noexcept:
 
 
 KEEP = 4 << 30
+
+cdef extern from "string.h":
+    void* memmem(const void* hay, size_t hlen, const void* needle, size_t nlen) nogil
+
+
+cdef inline Py_ssize_t _event_end(const char* b, Py_ssize_t size, Py_ssize_t pos) noexcept:
+    cdef const char* hit
+    if pos < 0:
+        pos = 0
+    while pos < size:
+        hit = <const char*>memchr(b + pos, 10, size - pos)
+        if hit == NULL:
+            return -1
+        pos = hit - b + 1
+        if pos < size:
+            if b[pos] == 10:
+                return pos + 1
+            if b[pos] == 13 and pos + 1 < size and b[pos + 1] == 10:
+                return pos + 2
+    return -1
+
+
+def event_end(bytes buf not None, Py_ssize_t pos):
+    """The end of the first event boundary at or after ``pos``, or -1 (see ssescan_py.event_end)."""
+    return _event_end(PyBytes_AS_STRING(buf), PyBytes_GET_SIZE(buf), pos)
+
+
+cdef inline bint _space(char c) noexcept:  # the bytes regex \s
+    return c == 32 or 9 <= c <= 13
+
+
+cdef bint _no_choices(const char* e, Py_ssize_t n) noexcept:
+    """``"choices"\\s*:\\s*\\[\\s*\\]`` somewhere in e[:n]."""
+    cdef const char* hit
+    cdef Py_ssize_t i = 0, j
+    while i < n:
+        hit = <const char*>memmem(e + i, n - i, b'"choices"', 9)
+        if hit == NULL:
+            return 0
+        i = hit - e + 9
+        j = i
+        while j < n and _space(e[j]):
+            j += 1
+        if j >= n or e[j] != 58:  # ':'
+            continue
+        j += 1
+        while j < n and _space(e[j]):
+            j += 1
+        if j >= n or e[j] != 91:  # '['
+            continue
+        j += 1
+        while j < n and _space(e[j]):
+            j += 1
+        if j < n and e[j] == 93:  # ']'
+            return 1
+    return 0
+
+
+cdef inline Py_ssize_t _find_usage(const char* b, Py_ssize_t size, Py_ssize_t pos) noexcept:
+    cdef const char* hit = <const char*>memmem(b + pos, size - pos, b'"usage"', 7) if pos < size else NULL
+    return -1 if hit == NULL else hit - b
+
+
+cdef bint _usage_only(const char* e, Py_ssize_t n) noexcept:
+    """e[:n], a whole event holding '"usage"', is the usage-only data: event."""
+    if not (n >= 5 and memcmp(e, b"data:", 5) == 0) and memmem(e, n, b"\ndata:", 6) == NULL:
+        return 0
+    return (_scan(e, n) & 2) != 0 and _no_choices(e, n)
+
+
+def usage_cuts(bytes buf not None, bint mid):
+    """``(pos, mid, cuts)`` for ``buf`` (see ssescan_py.usage_cuts: same results)."""
+    cdef const char* b = PyBytes_AS_STRING(buf)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(buf)
+    cdef Py_ssize_t pos = 0, stop
+    cdef Py_ssize_t u = _find_usage(b, size, 0)  # the next '"usage"': only its event is looked at
+    cdef list cuts = []
+    while True:
+        stop = _event_end(b, size, pos)
+        if stop < 0:
+            break
+        if mid:
+            mid = 0
+        elif u >= 0:
+            if u < pos:  # it was in the event let through
+                u = _find_usage(b, size, pos)
+            if 0 <= u < stop:
+                if _usage_only(b + pos, stop - pos):
+                    cuts.append(pos)
+                    cuts.append(stop)
+                u = _find_usage(b, size, stop)
+        pos = stop
+    return pos, mid, cuts
+
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t

@@ -1,8 +1,9 @@
 """One pass over a piece of an SSE body for what the proxy's usage tap needs: the reference twin
 of ssescan_c.
 
-Owns: :func:`sse_scan`, :class:`SseClock` (the per-read accounting of one stream, below) and
-:func:`parse_usage` (the counts of the last ``usage`` object of a body's tail). A *content event* is a key ``"content"``, ``"reasoning_content"`` or
+Owns: :func:`sse_scan`, :func:`event_end` (where an event ends), :func:`usage_cuts` (where the
+usage-only events of a read are), :class:`SseClock` (the per-read accounting of one stream, below)
+and :func:`parse_usage` (the counts of the last ``usage`` object of a body's tail). A *content event* is a key ``"content"``, ``"reasoning_content"`` or
 ``"text"`` (exact bytes, so an escaped ``\\"content\\"`` inside a string never counts), then optional
 whitespace, ``:``, optional whitespace, ``"`` and one more byte that is not ``"`` (a non-empty
 string). A *usage object* is a key ``"usage"``, optional whitespace, ``:``, optional whitespace,
@@ -17,7 +18,7 @@ import re
 import time
 from bisect import bisect_left
 
-__all__ = ["KEEP", "MAX_TOKENS", "USAGE_OBJECT", "WHOLE", "SseClock", "parse_usage", "sse_scan"]
+__all__ = ["KEEP", "MAX_TOKENS", "USAGE_OBJECT", "WHOLE", "SseClock", "event_end", "parse_usage", "sse_scan", "usage_cuts"]
 
 MAX_TOKENS = 10**9  # a usage count above this is clamped
 
@@ -45,8 +46,51 @@ def sse_scan(buf: bytes) -> int:
     return (n << 2) | flags
 
 
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+def usage_cuts(buf: bytes, mid: bool) -> tuple[int, bool, list[int]]:
+    """Where the usage-only events of a read are: ``(pos, mid, cuts)``. ``pos``: the end of the
+    last whole event (0: none); ``cuts``: ``start, stop`` pairs of the whole events (with their blank
+    line) that are a ``data:`` event with a usage object and ``"choices": []`` (the event
+    ``include_usage`` adds); with ``mid`` the first event is the rest of one whose start went out
+    already (never a cut), and ``mid`` comes back False once an event ended."""
+    pos = 0
+    cuts: list[int] = []
+    while True:
+        stop = event_end(buf, pos)
+        if stop < 0:
+            break
+        if mid:
+            mid = False
+        else:
+            ev = buf[pos:stop]
+            if b'"usage"' in ev and (ev.startswith(b"data:") or b"\ndata:" in ev) \
+                    and sse_scan(ev) & USAGE_OBJECT and _NO_CHOICES.search(ev) is not None:
+                cuts += (pos, stop)
+        pos = stop
+    return pos, mid, cuts
+
+
 #: flag bits of :meth:`SseClock.feed` beyond :func:`sse_scan`'s: keep this read for the usage parse
 #: (a usage object, a read that ends mid-event, or the read after one)
+def event_end(buf: bytes, pos: int) -> int:
+    """The end of the first blank line that ends an SSE event (``\\r?\\n\\r?\\n``) at or after
+    ``pos``, or -1: the leftmost match, as a regex scan from ``pos`` would find it."""
+    size = len(buf)
+    nl = buf.find(b"\n", max(pos, 0))
+    while nl >= 0:
+        nxt = nl + 1
+        if nxt < size:
+            c = buf[nxt]
+            if c == 10:  # \n\n
+                return nxt + 1
+            if c == 13 and nxt + 1 < size and buf[nxt + 1] == 10:  # \n\r\n
+                return nxt + 2
+        nl = buf.find(b"\n", nxt)
+    return -1
+
+
 KEEP = 4 << 30
 
 

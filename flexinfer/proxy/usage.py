@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from flexinfer._speedups import SseClock, parse_usage, sse_scan
+from flexinfer._speedups import SseClock, parse_usage, usage_cuts
 from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
 from flexinfer.proxy.metrics import ITL_BUCKETS
 
@@ -40,9 +40,7 @@ __all__ = ["HOLD_BYTES", "TAIL_BYTES", "USAGE_PATHS", "UsageTap", "ask_usage"]
 
 TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
 HOLD_BYTES = 64 * 1024  # a partial event held back longer than this is let through (stripping stops)
-_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _SOME_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
-_BOUNDARY = re.compile(rb"\r?\n\r?\n")  # the blank line that ends an SSE event
 _ASK = b'{"stream_options":{"include_usage":true},'
 #: the paths whose streams carry usage when asked (``stream_options`` is theirs)
 USAGE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
@@ -159,21 +157,20 @@ class UsageTap:
             st.itl_sum += clock.itl_sum
 
     def _strip_slow(self, buf: bytes, end: bool) -> list[bytes]:
+        """The reads the common path cannot pass as they are: a held partial event, a read that
+        ends inside an event, or one with a usage object. One compiled call finds the usage-only
+        events among the read's whole events (a burst of a whole stream is one read)."""
         if self._held:
             buf = self._held + buf
         self._held = b""
         keep: list[bytes] = []
-        pos = kept_from = 0
-        for m in _BOUNDARY.finditer(buf):
-            ev = buf[pos:m.start()]
-            if self._mid:  # the rest of an event whose start went out already: never removed
-                self._mid = False
-            elif (ev.startswith(b"data:") or b"\ndata:" in ev) and sse_scan(ev) & USAGE_OBJECT and _NO_CHOICES.search(ev) is not None:
-                if kept_from < pos:
-                    keep.append(buf[kept_from:pos])
-                kept_from = m.end()
-                self.stripped += 1
-            pos = m.end()
+        kept_from = 0
+        pos, self._mid, cuts = usage_cuts(buf, self._mid)
+        for k in range(0, len(cuts), 2):
+            if kept_from < cuts[k]:
+                keep.append(buf[kept_from:cuts[k]])
+            kept_from = cuts[k + 1]
+            self.stripped += 1
         rest = buf[pos:]
         if rest and not end and len(rest) <= HOLD_BYTES and not self._mid \
                 and _SOME_CHOICES.search(rest) is None:

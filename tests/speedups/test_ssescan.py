@@ -82,3 +82,39 @@ def test_parse_usage_documented(ssescan: ModuleType) -> None:
     assert ssescan.parse_usage(b'{"usage":null}') is None
     assert ssescan.parse_usage(b'{"usage":{"completion_tokens":1}}') == (-1, 1)
     assert ssescan.parse_usage(b'{"usage":{"prompt_tokens":12345678901234567890}}') == (10**9, 0)
+
+
+_EVENT_ATOMS = [*_ATOMS, b"\r", b"\n", b"\r\n\r\n", b"\n\r\n", b"\r\n\n", b"\f", b'"choices"', b"[ ]",
+                b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n', b"data:"]
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.sampled_from(_EVENT_ATOMS), max_size=40), st.integers(-2, 60), st.booleans())
+def test_event_end_and_usage_cuts_twins_agree(parts: list[bytes], pos: int, mid: bool) -> None:
+    py, c = _twins()
+    buf = b"".join(parts)
+    assert py.event_end(buf, pos) == c.event_end(buf, pos)
+    assert py.usage_cuts(buf, mid) == c.usage_cuts(buf, mid)
+
+
+def test_event_end_is_the_leftmost_blank_line(ssescan: ModuleType) -> None:
+    """The first ``\\r?\\n\\r?\\n`` at or after ``pos``, as a regex scan finds it (its end)."""
+    import re
+    blank = re.compile(rb"\r?\n\r?\n")
+    for buf in (b"a\n\nb", b"a\r\n\r\nb", b"a\n\r\n\nb", b"\n\n\n", b"a\r\n\nb", b"a\n\rb\n\n", b"abc", b"a\n", b"a\r\n\r"):
+        for pos in range(len(buf) + 1):
+            m = blank.search(buf, pos)
+            assert ssescan.event_end(buf, pos) == (m.end() if m else -1), (buf, pos)
+
+
+def test_usage_cuts_documented(ssescan: ModuleType) -> None:
+    stream = TOK + USAGE + b"data: [DONE]\n\n"
+    a = len(TOK)
+    assert ssescan.usage_cuts(stream, False) == (len(stream), False, [a, a + len(USAGE)])
+    # the first event is the rest of one let through: never cut, and mid ends with it
+    assert ssescan.usage_cuts(USAGE + TOK, True) == (len(USAGE + TOK), False, [])
+    # no whole event: nothing, mid kept; a usage object with choices is not the usage-only event
+    assert ssescan.usage_cuts(USAGE[:-1], True) == (0, True, [])
+    assert ssescan.usage_cuts(NULL_USAGE + b'data: {"choices":[{"x":1}],"usage":{"a":1}}\n\n', False)[2] == []
+    crlf = USAGE.replace(b"\n", b"\r\n")
+    assert ssescan.usage_cuts(crlf, False) == (len(crlf), False, [0, len(crlf)])
