@@ -46,7 +46,7 @@ def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHand
 
     load = ProxyLoad()
     runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
-    handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load))
+    handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load, totals=load))
     load.bind(handler)
     handler.metrics.registry.register(SwapCollector(runtime))
     return runtime, handler
