@@ -4,8 +4,8 @@ Without ``-c`` it serves the config shipped in the package (SmolLM2); ``--check`
 without starting anything, ``--schema`` prints its JSON Schema (docs/config.md).
 
 Models declared in the file are started on demand as local processes, stopped when idle, and
-served through the same OpenAI endpoint, with the runtime's admin pages (``/``, ``/running``,
-``/unload``, ``/logs/<model>``) next to it. One worker: the processes belong to this process.
+served through the same OpenAI endpoint, with the runtime's admin pages (``/``, ``/status``,
+``/running``, ``/load/<model>``, ``/unload``, ``/logs/<model>``; docs/status-page.md) next to it. One worker: the processes belong to this process.
 """
 
 from __future__ import annotations

@@ -410,7 +410,9 @@ async def drive(url: str, tmp: Path) -> None:
                          "/llama_/.test(document.querySelector('#log').textContent) && "
                          f"!document.querySelector('#log').textContent.includes({json.dumps(EVIL)})",
                          10, "the smollm2 log again")
-        shot = await page.call("Page.captureScreenshot", format="png")
+        height = await page.js("Math.ceil(document.querySelector('main').getBoundingClientRect().bottom)")
+        shot = await page.call("Page.captureScreenshot", format="png",
+                               clip={"x": 0, "y": 0, "width": 1280, "height": min(int(height), 900), "scale": 1})
         png = base64.b64decode(shot["data"])
         assert png.startswith(b"\x89PNG")
         (tmp / "status-page.png").write_bytes(png)

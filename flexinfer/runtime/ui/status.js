@@ -120,6 +120,7 @@ function render(data) {
     row.load.disabled = state === "ready" || busy;
     row.unload.disabled = state === "stopped" && !m.loading;
     row.logs.classList.toggle("on", name === logModel);
+    row.tr.classList.toggle("sel", name === logModel);
   }
   for (const [name, row] of rows) {
     if (!seen.has(name)) { row.tr.remove(); rows.delete(name); }
@@ -156,7 +157,7 @@ function drawLog() {
   logPending = false;
   const pre = document.getElementById("log");
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-  pre.textContent = logLines.join("\n");
+  pre.textContent = logLines.join("\n") || "(no output yet)";
   if (atBottom) pre.scrollTop = pre.scrollHeight;
 }
 
@@ -198,7 +199,10 @@ function showLog(name) {
   logLines = [""];
   drawLog();
   document.getElementById("logmodel").textContent = name;
-  for (const [n, row] of rows) row.logs.classList.toggle("on", n === name);
+  for (const [n, row] of rows) {
+    row.logs.classList.toggle("on", n === name);
+    row.tr.classList.toggle("sel", n === name);
+  }
   logAbort = new AbortController();
   streamLog(name, logAbort.signal);
 }
