@@ -41,6 +41,14 @@ redis-server:
 	@command -v redis-server >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
+# Debian's Chromium for the status page's browser test (tests/runtime/test_status_page.py); when it cannot
+# be installed (no apt, not root, offline) that one test skips and says so.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium could not be installed: the status page's browser test will skip"
+
 run: ext llama
 	@echo
 	@echo "FlexInfer is starting on http://$(HOST):$(PORT) (models from examples/local.yaml, started on first use)"
@@ -50,7 +58,7 @@ run: ext llama
 	@echo
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
-test: ext llama redis-server wrk
+test: ext llama redis-server wrk chromium
 	$(PY) -m pytest -q -p no:cacheprovider -m "not reliability" $(PYTEST_ARGS)
 	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
 	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability" tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py

@@ -4,8 +4,8 @@ Without ``-c`` it serves the config shipped in the package (SmolLM2); ``--check`
 without starting anything, ``--schema`` prints its JSON Schema (docs/config.md).
 
 Models declared in the file are started on demand as local processes, stopped when idle, and
-served through the same OpenAI endpoint, with the runtime's admin pages (``/``, ``/running``,
-``/unload``, ``/logs/<model>``) next to it. One worker: the processes belong to this process.
+served through the same OpenAI endpoint, with the runtime's admin pages (``/``, ``/status``,
+``/running``, ``/load/<model>``, ``/unload``, ``/logs/<model>``; docs/status-page.md) next to it. One worker: the processes belong to this process.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHand
 
     load = ProxyLoad()
     runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
-    handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load))
+    handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load, totals=load))
     load.bind(handler)
     handler.metrics.registry.register(SwapCollector(runtime))
     return runtime, handler

@@ -377,6 +377,13 @@ class ProxyMetrics:
             n = 0
         self._requests[key] = n + 1
 
+    def totals(self, model: str) -> tuple[dict[int, int], int, int]:
+        """(answers by status code, prompt tokens, completion tokens) of ``model`` so far: the numbers
+        the exported series carry, read without making a series (the local status page shows them)."""
+        codes = {c: n for (m, c), n in self._requests.items() if m == model}
+        st = self._models.get(model)
+        return codes, (st.prompt_tokens if st is not None else 0), (st.completion_tokens if st is not None else 0)
+
     def decided(self, key: tuple[str, str, str]) -> None:
         """One routing decision (model, strategy, key source): ``routing_decisions_total``."""
         n = self._decisions.get(key)
