@@ -207,6 +207,9 @@ class LocalRuntime(StaticInventoryBase):
         end = time.monotonic() + self.drain_timeout
         while self.load.in_flight(key) > 0 and time.monotonic() < end:
             await asyncio.sleep(0.05)
+        if self.load.in_flight(key) > 0:
+            log.warning("%s: %d requests still open after the %gs drain: stopping it anyway", st.spec.name,
+                        self.load.in_flight(key), self.drain_timeout)
         if preempted:
             st.preempted_at = self.clock()
             log.info("swapping out %s (group %s)", st.spec.name, st.spec.group)

@@ -24,6 +24,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from flexinfer.runtime.localconfig import check_local_config
 from flexinfer.runtime.reload import file_digest
@@ -95,7 +96,9 @@ class Serve:
 
 
 @contextmanager
-def serve(tmp: Path, text: str, *extra: str) -> Iterator[Serve]:
+def serve(tmp: Path, text: str, *extra: str, drain: float = 20) -> Iterator[Serve]:
+    """``flexinfer serve`` on ``text`` with the flags ``extra``; ``drain``: its drain timeout (the
+    bound of a drain on reload, and of the shutdown)."""
     cfg = tmp / "local.yaml"
     cfg.write_text(textwrap.dedent(text))
     port = free_port()
@@ -103,7 +106,7 @@ def serve(tmp: Path, text: str, *extra: str) -> Iterator[Serve]:
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "info", "serve", "-c",
                                  str(cfg), "--port", str(port), *extra], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=env(PROXY_GRACEFUL_SHUTDOWN_TIMEOUT="20"))
+                                stderr=subprocess.STDOUT, env=env(PROXY_GRACEFUL_SHUTDOWN_TIMEOUT=f"{drain:g}"))
     try:
         assert wait_for(lambda: proc.poll() is not None or _listens(port), 30), "serve did not listen"
         assert proc.poll() is None, log.read_text()
@@ -162,7 +165,7 @@ def test_reload_restarts_only_what_changed_and_refuses_a_bad_file(tmp_path: Path
         stream = s.client().chat.completions.create(
             model="change", messages=MSG, stream=True,  # type: ignore[arg-type]
             extra_headers={"x-stub-chunks": "60", "x-stub-interval": "0.05"})
-        it = iter(stream)
+        it: Iterator[ChatCompletionChunk] = iter(stream)  # type: ignore[arg-type]
         first = [next(it) for _ in range(3)]
 
         s.write(v2(), rename=True)  # the editor way: a new inode under the same name
