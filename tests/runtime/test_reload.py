@@ -217,13 +217,19 @@ def test_reload_restarts_only_what_changed_and_refuses_a_bad_file(tmp_path: Path
         assert s.chat("keep") == pids["keep"] and s.chat("change") == new_pid
 
 
-def test_sighup_reloads_with_the_watcher_off(tmp_path: Path) -> None:
-    with serve(tmp_path, "models:" + stub("a") + "\n", "--watch-interval", "0") as s:
-        pid = s.chat("a")
+def test_sighup_reloads_with_the_watcher_off_and_group_changes_apply(tmp_path: Path) -> None:
+    with serve(tmp_path, "models:" + stub("a") + stub("b") + "\n", "--watch-interval", "0") as s:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pid_a, pid_b = pool.map(s.chat, ("a", "b"))
         assert s.get("/config")["watch_interval"] == 0
-        s.write("models:" + stub("a") + stub("b") + "\n")
+        grouped = "\n    group: g"
+        s.write("models:" + stub("a", more=grouped + "\n    priority: 500") + stub("b", more=grouped) + stub("c") + "\n")
         s.proc.send_signal(signal.SIGHUP)
         s.wait_reloads("success", 1)
-        assert s.get("/config")["last_reload"]["reason"] == "SIGHUP"
-        assert s.models() == {"a", "b"}
-        assert s.chat("b") and s.chat("a") == pid
+        last = s.get("/config")["last_reload"]
+        assert last["reason"] == "SIGHUP" and last["changes"] == {"updated": ["a", "b"], "added": ["c"]}
+        assert s.models() == {"a", "b", "c"}
+        # a and b now share group g: one runs at a time, the leader (priority 500) keeps its process
+        assert wait_for(lambda: not alive(pid_b), 10), "the group's second running member was not stopped"
+        assert s.running()["a"]["pid"] == pid_a and s.running()["b"]["state"] == "stopped"
+        assert s.chat("c") and s.chat("a") == pid_a
