@@ -216,6 +216,13 @@ def test_reload_restarts_only_what_changed_and_refuses_a_bad_file(tmp_path: Path
         assert samples(s.text("/metrics"))[("flexinfer_serve_config_last_reload_success", ())] == 1
         assert s.chat("keep") == pids["keep"] and s.chat("change") == new_pid
 
+        s.cfg.unlink()  # gone for a while (a deploy tool between unlink and rename): waited out
+        assert wait_for(lambda: "cannot be read; still serving" in s.log.read_text(), 10)
+        assert s.models() == {"keep", "change", "meta", "new"} and s.reloads() == {"success": 2, "failure": 1}
+        s.write("models:" + stub("keep") + "\n")
+        s.wait_reloads("success", 3)
+        assert s.models() == {"keep"} and s.chat("keep") == pids["keep"]
+
 
 def test_sighup_reloads_with_the_watcher_off_and_group_changes_apply(tmp_path: Path) -> None:
     with serve(tmp_path, "models:" + stub("a") + stub("b") + "\n", "--watch-interval", "0") as s:
