@@ -22,7 +22,7 @@ import hashlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, Protocol
 
 import orjson
@@ -104,10 +104,17 @@ class ConfigWatcher:
                 else:
                     await self._hup.wait()
             except TimeoutError:
-                await self._poll()
+                await self._guarded(self._poll())
                 continue
             self._hup.clear()
-            await self.reload("SIGHUP")
+            await self._guarded(self.reload("SIGHUP"))
+
+    async def _guarded(self, step: Coroutine[Any, Any, object]) -> None:
+        """One poll or reload; a bug in it is logged and the watcher keeps watching."""
+        try:
+            await step
+        except Exception:
+            log.exception("config watcher: reloading %s failed", self.path)
 
     async def _poll(self) -> None:
         digest = file_digest(self.path)

@@ -93,8 +93,6 @@ def test_a_stream_spans_reloads_of_another_model_and_of_its_own(tmp_path: Path) 
         assert arrivals[-1][2] == "length", arrivals[-3:]  # a complete stream, cut by max_tokens only
         assert any(text for t, text, _ in arrivals if t < t_first_reload), "no token before the first reload"
         assert any(t > t_reloaded for t, _, _ in arrivals), "the stream had ended before the second reload"
-        print(f"stream: {len(pieces)} pieces in {arrivals[-1][0] - arrivals[0][0]:.1f}s, "
-              f"{sum(t > t_reloaded for t, _, _ in arrivals)} after the second reload")
         assert wait_for(lambda: not alive(smol_pid), 15), "drained, the old SmolLM2 must stop"
         assert wait_for(lambda: not alive(other_pid), 15), "the changed idle model was not stopped"
 
