@@ -5,7 +5,9 @@ without starting anything, ``--schema`` prints its JSON Schema (docs/config.md).
 
 Models declared in the file are started on demand as local processes, stopped when idle, and
 served through the same OpenAI endpoint, with the runtime's admin pages (``/``, ``/status``,
-``/running``, ``/load/<model>``, ``/unload``, ``/logs/<model>``; docs/status-page.md) next to it. One worker: the processes belong to this process.
+``/running``, ``/load/<model>``, ``/unload``, ``/logs/<model>``, ``/config``; docs/status-page.md)
+next to it. One worker: the processes belong to this process.
+The file is watched (``--watch-interval``) and SIGHUP reloads it: :mod:`flexinfer.runtime.reload`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.local import LocalRuntime
+    from flexinfer.runtime.localconfig import LocalModelSpec
+    from flexinfer.runtime.reload import ConfigWatcher
 
 log = logging.getLogger("flexinfer.serve")
 
@@ -33,23 +37,54 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schema", action="store_true", help="print the config's JSON Schema and exit")
     p.add_argument("--host", default=None, help="listen address (env PROXY_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
+    p.add_argument("--watch-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="look at the config file every SECONDS and reload it when it changed (0: off; "
+                        "SIGHUP always reloads; default 1)")
 
 
 def build(config: str, settings: ProxySettings) -> tuple[LocalRuntime, ProxyHandler]:
-    """(runtime, handler) wired together; used by ``run`` and by tests. The runtime reads the
-    handler's load (router in-flight counts, activator queue depths) through a :class:`ProxyLoad`."""
+    """(runtime, handler) wired together; used by tests (``run`` uses :func:`build_watched`)."""
+    runtime, handler, _watcher = build_watched(config, settings)
+    return runtime, handler
+
+
+def build_watched(config: str, settings: ProxySettings,
+                  watch_interval: float = 1.0) -> tuple[LocalRuntime, ProxyHandler, ConfigWatcher]:
+    """(runtime, handler, watcher) wired together. The runtime reads the handler's load (router
+    in-flight counts, activator queue depths) through a :class:`ProxyLoad`; the watcher reloads the
+    runtime from ``config`` (started by ``watcher.start()`` in the serving loop)."""
     from flexinfer.cmd.load import ProxyLoad
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.admin import LocalAdmin
     from flexinfer.runtime.local import LocalRuntime, SwapCollector
     from flexinfer.runtime.localconfig import load_local_config
+    from flexinfer.runtime.reload import ConfigWatcher, ReloadAdmin, ReloadCollector, file_digest
 
     load = ProxyLoad()
+    digest = file_digest(config)  # before the load: a change made meanwhile is seen by the first poll
     runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
-    handler = ProxyHandler(runtime, settings, scaler=runtime, admin=LocalAdmin(runtime, load, totals=load))
+    watcher = ConfigWatcher(config, runtime, load_checked, interval=watch_interval, digest=digest)
+    handler = ProxyHandler(runtime, settings, scaler=runtime,
+                           admin=ReloadAdmin(LocalAdmin(runtime, load, totals=load), watcher))
     load.bind(handler)
     handler.metrics.registry.register(SwapCollector(runtime))
-    return runtime, handler
+    handler.metrics.registry.register(ReloadCollector(watcher))
+    return runtime, handler, watcher
+
+
+def load_checked(path: str) -> list[LocalModelSpec]:
+    """The file's models, as a reload takes them: the typed config plus the scheduler check
+    (raises :class:`~flexinfer.runtime.configfile.InventoryConfigError` with every problem)."""
+    from flexinfer.proxy.scheduler import spec_error
+    from flexinfer.runtime.configfile import InventoryConfigError
+    from flexinfer.runtime.localconfig import load_local_config
+
+    specs = load_local_config(path)
+    problems = [f"{path}: model {s.name!r}: scheduler: {why}" for s in specs
+                if (why := spec_error(s.routing, s.scheduler)) is not None]
+    if problems:
+        raise InventoryConfigError(problems)
+    return specs
 
 
 def check(path: str) -> int:
@@ -87,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return check(args.config)
     try:
         settings = load_proxy_settings(host=args.host, port=args.port, workers=1)
-        runtime, handler = build(args.config, settings)
+        runtime, handler, watcher = build_watched(args.config, settings, max(0.0, args.watch_interval))
     except (SettingsError, InventoryConfigError) as exc:
         print(f"flexinfer serve: {exc}" if isinstance(exc, SettingsError) else exc, file=sys.stderr)
         return 2
@@ -106,8 +141,12 @@ def run(args: argparse.Namespace) -> int:
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
+    async def on_start(_server: HTTPServer) -> None:
+        watcher.start()
+
     async def on_stop(_server: HTTPServer) -> None:
+        await watcher.close()
         await runtime.stop_all()
 
     return serve_http(lambda: handler, settings.http, host=settings.host, port=settings.port, workers=1,
-                      on_stop=on_stop)
+                      on_start=on_start, on_stop=on_stop)

@@ -10,6 +10,11 @@ exit. It is both the :class:`~flexinfer.runtime.base.Inventory` and the
 Swaps are counted in :attr:`LocalRuntime.swaps` (plain integers) and exported by
 :class:`SwapCollector` as ``flexinfer_local_swaps_total`` {group,model}: ``flexinfer serve``
 registers it in the proxy's registry, so the count is on the proxy's ``/metrics``.
+A config reload hands :meth:`LocalRuntime.apply` the new definitions: an unchanged model keeps its
+process, a model whose process definition (:data:`PROCESS_FIELDS`) changed gets a fresh state (its old
+process is drained and stopped in the background; the new one starts on demand once that is done),
+a change of anything else (group, priority, aliases, timeouts, routing) is applied in place, a
+removed model is drained, stopped and dropped from the views (docs/config.md "Reload").
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ log = logging.getLogger("flexinfer.local")
 
 POLL_INTERVAL = 0.05
 LOG_LINES = 2000
+#: what the running process is made of: a change of any of these restarts the model on reload
+PROCESS_FIELDS = ("command", "model", "env", "health_path", "backend")
 
 
 class StartError(RuntimeError):
@@ -108,6 +115,9 @@ class LocalRuntime(StaticInventoryBase):
         #: (group, model swapped in) -> swaps: a member started after stopping another of its group
         self.swaps: dict[tuple[str, str], int] = {}
         self._reaper: asyncio.Task[None] | None = None
+        #: old states a reload replaced or removed, being drained and stopped (task -> state)
+        self._retiring: dict[asyncio.Task[None], _State] = {}
+        self._chores: set[asyncio.Task[None]] = set()  # group enforcement after a reload
         super().__init__([self._view(st) for st in self.procs.values()])
 
     # -- views -------------------------------------------------------------------------------------
@@ -122,7 +132,8 @@ class LocalRuntime(StaticInventoryBase):
         )
 
     def _publish(self, st: _State) -> None:
-        self.update(self._view(st))
+        if self.procs.get(st.spec.name) is st:  # a state a reload retired no longer speaks for the model
+            self.update(self._view(st))
 
     # -- Scaler ------------------------------------------------------------------------------------
     def record_demand(self, model: ModelView) -> None:
@@ -132,15 +143,24 @@ class LocalRuntime(StaticInventoryBase):
 
     async def wake(self, model: ModelView) -> None:
         """Start the model (swapping its group if the leader rule allows) and wait until healthy."""
-        st = self.procs.get(model.name)
-        if st is None:
-            raise StartError(f"unknown model {model.name!r}")
-        if st.last_request is None:
-            st.last_request = self.clock()
-        if st.spec.group:
-            await self._wake_in_group(st)
-        else:
-            await self._ensure_started(st)
+        while True:
+            st = self.procs.get(model.name)
+            if st is None:
+                raise StartError(f"unknown model {model.name!r}")
+            if st.last_request is None:
+                st.last_request = self.clock()
+            try:
+                if st.spec.group:
+                    await self._wake_in_group(st)
+                else:
+                    await self._ensure_started(st)
+            except (StartError, asyncio.CancelledError):
+                task = asyncio.current_task()
+                if self.procs.get(model.name) is st or (task is not None and task.cancelling()):
+                    raise
+                continue  # a reload replaced the definition while it started: wake the new one
+            if self.procs.get(model.name) is st:
+                return
 
     # -- groups ------------------------------------------------------------------------------------
     def _members(self, group: str) -> list[_State]:
@@ -160,6 +180,8 @@ class LocalRuntime(StaticInventoryBase):
         group = st.spec.group
         assert group is not None
         while True:
+            if self.procs.get(st.spec.name) is not st:
+                raise StartError(f"model {st.spec.name!r} was redefined by a config reload")
             async with self._group_locks[group]:
                 if st.state == "ready":
                     return
@@ -185,10 +207,13 @@ class LocalRuntime(StaticInventoryBase):
         end = time.monotonic() + self.drain_timeout
         while self.load.in_flight(key) > 0 and time.monotonic() < end:
             await asyncio.sleep(0.05)
+        if self.load.in_flight(key) > 0:
+            log.warning("%s: %d requests still open after the %gs drain: stopping it anyway", st.spec.name,
+                        self.load.in_flight(key), self.drain_timeout)
         if preempted:
             st.preempted_at = self.clock()
             log.info("swapping out %s (group %s)", st.spec.name, st.spec.group)
-        await self.stop(st.spec.name)
+        await self._stop_state(st)
 
     # -- process lifecycle -------------------------------------------------------------------------
     async def _ensure_started(self, st: _State) -> None:
@@ -200,6 +225,12 @@ class LocalRuntime(StaticInventoryBase):
 
     async def _start(self, st: _State) -> None:
         s = st.spec
+        pending = [t for t, old in self._retiring.items()
+                   if old is not st and (old.spec.name == s.name or (s.group and old.spec.group == s.group))]
+        if pending:  # the old definition (or a retired member of the group) is still draining
+            st.state = "starting"
+            self._publish(st)
+            await asyncio.wait(pending)
         st.port = free_port()
         argv = s.render(st.port)
         env = {**os.environ, **s.env}
@@ -295,7 +326,10 @@ class LocalRuntime(StaticInventoryBase):
 
     async def stop(self, name: str) -> bool:
         """Stop one model (SIGTERM, then SIGKILL). True if something was running."""
-        st = self.procs[name]
+        return await self._stop_state(self.procs[name])
+
+    async def _stop_state(self, st: _State) -> bool:
+        name = st.spec.name
         if st.proc is None or st.proc.returncode is not None:
             if st.state != "stopped":
                 st.state = "stopped"
@@ -313,7 +347,82 @@ class LocalRuntime(StaticInventoryBase):
     async def stop_all(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
-        await asyncio.gather(*(self.stop(n) for n in self.procs), return_exceptions=True)
+        retiring = list(self._retiring.values())
+        for t in [*self._retiring, *self._chores]:
+            t.cancel()
+        await asyncio.gather(*(self._stop_state(st) for st in [*self.procs.values(), *retiring]),
+                             return_exceptions=True)
+
+    # -- config reload -----------------------------------------------------------------------------
+    async def apply(self, specs: list[LocalModelSpec]) -> dict[str, list[str]]:
+        """Swap in a reloaded config's models; returns the names by what happened to them
+        (``unchanged``, ``updated`` in place, ``restarted``, ``added``, ``removed``)."""
+        out: dict[str, list[str]] = {k: [] for k in ("unchanged", "updated", "restarted", "added", "removed")}
+        procs: dict[str, _State] = {}
+        retire: list[_State] = []
+        for s in specs:
+            st = self.procs.get(s.name)
+            if st is None:
+                procs[s.name] = _State(s)
+                out["added"].append(s.name)
+            elif st.spec == s:
+                procs[s.name] = st
+                out["unchanged"].append(s.name)
+            elif all(getattr(st.spec, f) == getattr(s, f) for f in PROCESS_FIELDS):
+                st.spec = s  # same process: group, priority, aliases, timeouts, routing apply now
+                procs[s.name] = st
+                out["updated"].append(s.name)
+            else:
+                fresh = procs[s.name] = _State(s)
+                fresh.logs, fresh.followers, fresh.last_request = st.logs, st.followers, st.last_request
+                retire.append(st)
+                out["restarted"].append(s.name)
+        for name, st in self.procs.items():
+            if name not in procs:
+                retire.append(st)
+                out["removed"].append(name)
+        self.procs = procs
+        loop = asyncio.get_running_loop()
+        for st in retire:
+            task = loop.create_task(self._retire(st))
+            self._retiring[task] = st
+            task.add_done_callback(self._retired)
+        self.replace([self._view(st) for st in procs.values()])
+        for group in sorted({st.spec.group for st in procs.values() if st.spec.group}):
+            chore = loop.create_task(self._one_per_group(group))
+            self._chores.add(chore)
+            chore.add_done_callback(self._chores.discard)
+        return out
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopping a retired model failed: %s", task.exception())
+
+    async def _retire(self, st: _State) -> None:
+        """Drain and stop a state a reload replaced or removed (a start in progress is abandoned)."""
+        st.intentional_stop = True
+        for t in (st.start_task, st.watch_task):
+            if t is not None and not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        log.info("config reload: draining and stopping the old %s", st.spec.name)
+        await self._drain_and_stop(st, preempted=False)
+
+    async def _one_per_group(self, group: str) -> None:
+        """After a reload moved models between groups: one running member per group (the leader)."""
+        async with self._group_locks[group]:
+            members = self._members(group)
+            running = [m for m in members if m.state in ("ready", "starting", "restarting")]
+            if len(running) < 2:
+                return
+            leader = self.group_leader(group)
+            names = [m.spec.name for m in running]
+            keep = leader if leader is not None and leader in names else names[0]
+            for m in running:
+                if m.spec.name != keep:
+                    await self._drain_and_stop(m, preempted=True)
 
     # -- idle TTL ----------------------------------------------------------------------------------
     def _ensure_reaper(self) -> None:
@@ -324,14 +433,14 @@ class LocalRuntime(StaticInventoryBase):
         while True:
             await asyncio.sleep(self.reap_interval)
             now = self.clock()
-            for st in self.procs.values():
+            for st in list(self.procs.values()):  # a reload may swap the dict while a stop awaits
                 ttl = st.spec.idle_ttl
                 if st.state != "ready" or ttl <= 0:
                     continue
                 idle_since = st.last_request if st.last_request is not None else now
                 if now - idle_since > ttl and self.load.in_flight(f"127.0.0.1:{st.port}") == 0:
                     log.info("%s idle for %.0fs: unloading", st.spec.name, now - idle_since)
-                    await self.stop(st.spec.name)
+                    await self._stop_state(st)
 
     # -- admin views -------------------------------------------------------------------------------
     def running(self) -> list[dict[str, object]]:
