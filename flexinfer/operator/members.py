@@ -53,6 +53,7 @@ class Member:
     fingerprint: str
     server: str
     kube: KubeClient
+    warm: bool = False  # a request went through this client (its connection is open): probes time from then
 
 
 @dataclass
