@@ -228,6 +228,16 @@ async def check_examples(env: OperatorEnv, edge: Member) -> None:
     assert (cells["ReadyClusters"], cells["TotalClusters"]) == (0, 2)
 
 
+async def examples_scenario(kube: KubeEnv, directory: Path) -> None:
+    """The examples on a hub with one member, then their deletion (also run by
+    tests/k8s/test_rbac_components.py with the operator as its ServiceAccount under the chart's RBAC)."""
+    async with members(directory, "edge") as ms, run_operator(kube, SETTINGS) as env:
+        await check_examples(env, ms["edge"])
+        await env.delete(FEDERATED, "default", "qwen3-4b")
+        await env.wait_for(lambda: ms["edge"].model("qwen3-4b") is None, 10, "the copy removed")
+        await env.wait_for(lambda: env.get(FEDERATED, "qwen3-4b") is None, 10, "the FederatedModel gone")
+
+
 def test_kubeconfig_secret_helpers_say_what_is_wrong() -> None:
     from flexinfer.k8s.kubeconfig import KubeconfigError, parse_kubeconfig, secret_value
 
