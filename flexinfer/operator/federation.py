@@ -25,7 +25,8 @@ Owns, for one FederatedModel (namespace ``ns``, name ``n``):
   cluster Ready). Written only when it changed. Members are read again every
   ``federation_resync_s`` and when a Cluster of ``ns`` changes.
 - Removal: a cluster that leaves the placement has its copy deleted (when owned and reachable;
-  kept in status as ``Removing`` until then). Deletion goes through the finalizer
+  kept in status as ``Removing`` until then; a Cluster object that is gone cannot be reached: a
+  Warning Event ``CopyLeftBehind`` says so). Deletion goes through the finalizer
   ``flexinfer.ai/federation-cleanup``: owned copies on every cluster of the status and the
   placement are deleted; members that cannot be reached are retried every resync until
   ``federation_cleanup_timeout_s`` after ``deletionTimestamp``, then the finalizer is removed anyway
@@ -37,6 +38,7 @@ Must not: probe clusters (``cluster`` does) or act on member objects other than 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Mapping
@@ -289,18 +291,22 @@ async def reconcile_federated(op: Operator, key: Key) -> Result:
     clusters = _clusters(op, ns)
     placed = targets(fm.spec, clusters)
     total = replicas(body, fm.spec)
-    entries: list[Entry] = []
     if total > MAX_MIN_REPLICAS:
         msg = f"replicasPerCluster {total} is above {MAX_MIN_REPLICAS}, the Model's serverless.minReplicas maximum"
         await op.w.patch_status(FEDERATED_MODEL, body, aggregate(body, [], len(placed), now, msg))
         return Result(permanent=msg)
     desired = member_model(body, fm.spec)
-    for c in placed:
-        entries.append(await sync_member(op, body, c, clusters.get(c), desired, total))
+    # members are independent: one slow to answer does not hold up the others
+    entries = list(await asyncio.gather(*(sync_member(op, body, c, clusters.get(c), desired, total)
+                                          for c in placed)))
     for c in _status_clusters(body):
         if c in placed:
             continue
-        why = await remove_copy(op, body, c, clusters.get(c)) if c in clusters else None
+        if c not in clusters:
+            op.record(body, Event("Warning", "CopyLeftBehind", f"Cluster {c} is gone: the copy of this Model there "
+                                                               "(if any) was not removed"))
+            continue
+        why = await remove_copy(op, body, c, clusters.get(c))
         if why is not None:
             entries.append(Entry(c, REMOVING, message=f"left the placement; copy not removed yet: {why}",
                                  reason=MEMBER_UNREACHABLE))
@@ -320,11 +326,9 @@ async def cleanup(op: Operator, body: Mapping[str, Any]) -> Result:
         names.update(targets(FederatedModel.from_obj(body).spec, clusters))
     except SpecError:
         pass
-    left: dict[str, str] = {}
-    for c in sorted(names):
-        why = await remove_copy(op, body, c, clusters.get(c))
-        if why is not None:
-            left[c] = why
+    order = sorted(names)
+    answers = await asyncio.gather(*(remove_copy(op, body, c, clusters.get(c)) for c in order))
+    left = {c: why for c, why in zip(order, answers, strict=True) if why is not None}
     if left:
         since = opt_time(md.get("deletionTimestamp"))
         now = op.clock()

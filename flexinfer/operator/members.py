@@ -14,6 +14,7 @@ Must not: decide phases or write anything (``cluster`` and ``federation`` do).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class MemberClients:
     def __init__(self, timeout_s: float = 10.0) -> None:
         self.timeout_s = timeout_s
         self._members: dict[Key, Member] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
         self.probes: dict[Key, ProbeMemory] = {}
 
     def memory(self, key: Key) -> ProbeMemory:
@@ -89,6 +91,12 @@ class MemberClients:
         Raises :class:`MemberConfigError` for a missing or unusable Secret or kubeconfig, and
         ``KubeAPIError`` when the hub itself fails to answer."""
         key = (namespace, name)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:  # the Cluster probe and a FederatedModel may ask at once: one client
+            return await self._open(hub, key, secret_name, secret_key)
+
+    async def _open(self, hub: KubeClient, key: Key, secret_name: str, secret_key: str | None) -> Member:
+        namespace = key[0]
         try:
             secret = await hub.get(SECRET, namespace, secret_name)
         except KubeAPIError as e:
@@ -125,6 +133,7 @@ class MemberClients:
     async def forget(self, key: Key) -> None:
         await self.drop(key)
         self.probes.pop(key, None)
+        self._locks.pop(key, None)
 
     async def close(self) -> None:
         for key in list(self._members):
