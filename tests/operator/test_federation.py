@@ -29,7 +29,7 @@ from tests.operator.harness import NODES, TEST_SETTINGS, OperatorEnv, gpu_node, 
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMBER_MODELS = "ai.flexinfer/v1alpha2/models"
-SETTINGS = replace(TEST_SETTINGS, federation_resync_s=0.3, federation_cleanup_timeout_s=1.5)
+SETTINGS = replace(TEST_SETTINGS, federation_resync_s=0.3, federation_cleanup_timeout_s=2.5)
 
 
 def cstatus(env: OperatorEnv, name: str) -> dict[str, Any]:
