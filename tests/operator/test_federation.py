@@ -109,6 +109,13 @@ async def test_probe_placement_steady_state_outage_and_deletion(kube: KubeEnv, t
         assert (east.model_writes(), west.model_writes(), kube.write_count("federatedmodels.ai.flexinfer"),
                 kube.write_count("clusters.ai.flexinfer")) == writes
 
+        # -- the latency moves for real (each /version answered 0.3 s late): the median follows, one write
+        before = cstatus(env, "east")["probeLatencyMs"]
+        east.kube.inject("GET", r"^/version$", delay=0.3, times=1000)
+        await env.wait_for(lambda: cstatus(env, "east")["probeLatencyMs"] >= 250, 10, "the latency written")
+        assert before < 250 and cstatus(env, "east")["phase"] == "Ready"
+        east.emulator.faults.clear()
+
         # -- a named cluster joins the placement
         await env.patch(FEDERATED, "default", "llama", {"spec": {"placement": {"clusters": ["west"]}}})
         await env.wait_for(lambda: west.model("llama"), 10, "the copy on west")
