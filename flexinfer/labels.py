@@ -119,6 +119,11 @@ LITELLM_CAPABILITIES: Final = LITELLM_PREFIX + "capabilities"
 FINALIZER_MODEL: Final = PREFIX + "model-cleanup"
 FINALIZER_LORA: Final = PREFIX + "lora-cleanup"
 FINALIZER_LEGACY: Final = PREFIX + "cleanup"
+FINALIZER_FEDERATION: Final = PREFIX + "federation-cleanup"  # FederatedModel: copies on the member clusters
+
+# ---- federation (Models the hub operator copies to member clusters) ----------------------------------
+
+FEDERATION_OWNER: Final = PREFIX + "federation-owner"  # annotation on the copy: "<hub namespace>/<name>"
 
 # ---- third-party keys we read ------------------------------------------------------------------------
 

@@ -49,7 +49,8 @@ from flexinfer.api.schema import (
 )
 from flexinfer.api.validate import validate, validate_lenient
 
-CLUSTER_PHASES = ("Pending", "Ready", "NotReady", "Unknown")
+#: Pending, NotReady and Unknown are kept for existing objects; the operator writes the last four
+CLUSTER_PHASES = ("Pending", "Ready", "NotReady", "Unknown", "Unreachable", "Unauthorized", "Invalid")
 FED_STRATEGIES = ("RoundRobin", "Latency", "Weighted", "Failover")
 PROXY_STRATEGIES = ("RoundRobin", "Failover", "Latency")
 

@@ -5,6 +5,8 @@
 - ``reflector``: the one resumable list+watch loop (``ResourceWatch``), used by the proxy's ``kube``
   runtime and the scheduler extender's inventory.
 - ``backoff``: the one exponential backoff (``Backoff``); each caller keeps its own delays and caps.
+- ``kubeconfig``: kubeconfigs handed over as data (a Secret's value): checked, then opened as a client
+  (no ``exec`` users, no local file paths).
 - ``errors``: the one API error type (``KubeAPIError``: status, reason, message, Retry-After).
 
 Must not: know FlexInfer's kinds or what objects mean (that is ``flexinfer.api`` and the callers), or

@@ -58,6 +58,9 @@ LORA = Kind(G, "v1alpha2", "loraadapters", "LoRAAdapter")
 MODEL_DEPLOYMENT = Kind(G, "v1alpha1", "modeldeployments", "ModelDeployment")
 MODEL_CACHE = Kind(G, "v1alpha1", "modelcaches", "ModelCache")
 GPU_GROUP = Kind(G, "v1alpha1", "gpugroups", "GPUGroup")
+CLUSTER = Kind(G, "v1alpha2", "clusters", "Cluster")
+FEDERATED_MODEL = Kind(G, "v1alpha2", "federatedmodels", "FederatedModel")
+SECRET = Kind("", "v1", "secrets", "Secret")  # read (kubeconfigs of Clusters), never watched
 
 #: children the operator creates (watched with a managed-by label filter)
 CHILD_KINDS = (DEPLOYMENT, SERVICE, PVC, JOB, CONFIGMAP, ENDPOINTS)

@@ -15,7 +15,9 @@ Owns:
 - Model spec changes also go through kopf change handlers (create/resume/update on ``spec``), which
   run the reconcile inline: an unusable spec raises ``kopf.PermanentError`` after its ``Failed``
   status is written (no crash loop); an API failure raises ``kopf.TemporaryError`` (kopf retries);
-- startup (API client, writer, queues, Event poster, the metrics port) and cleanup.
+- Cluster and FederatedModel events route to ``cluster`` / ``federation`` (a Cluster event re-probes
+  when its spec moved and wakes the FederatedModels of its namespace);
+- startup (API client, writer, queues, Event poster, the metrics port) and cleanup (member clients too).
 
 Every handler is ``async``: kopf runs plain functions in a thread pool, and these touch the event
 loop's queues and the store.
@@ -35,11 +37,15 @@ import kopf
 from flexinfer import labels
 from flexinfer.k8s.client import new_api_client
 from flexinfer.k8s.errors import KubeAPIError
+from flexinfer.operator import cluster as cluster_ctl
+from flexinfer.operator import federation as federation_ctl
 from flexinfer.operator import gpugroup, lora, model, modelcache, modeldeployment
 from flexinfer.operator.api_resources import (
+    CLUSTER,
     CONFIGMAP,
     DEPLOYMENT,
     ENDPOINTS,
+    FEDERATED_MODEL,
     GPU_GROUP,
     JOB,
     LORA,
@@ -65,6 +71,7 @@ WATCHED: tuple[tuple[Kind, Mapping[str, str] | None], ...] = (
     (MODEL, None), (LORA, None), (MODEL_DEPLOYMENT, None), (MODEL_CACHE, None), (GPU_GROUP, None),
     (DEPLOYMENT, MANAGED), (SERVICE, MANAGED), (JOB, MANAGED), (CONFIGMAP, MANAGED), (ENDPOINTS, MANAGED),
     (PVC, None), (NODE, None),
+    (CLUSTER, None), (FEDERATED_MODEL, None),
 )
 
 
@@ -179,6 +186,10 @@ def route(op: Operator, kind: Kind, body: Mapping[str, Any], deleted: bool) -> N
         op.trigger(CACHE_Q, (ns, name))
     elif kind is GPU_GROUP:
         op.trigger(GPUGROUP_Q, (ns, name))
+    elif kind is CLUSTER:
+        cluster_ctl.route_cluster(op, body, deleted)
+    elif kind is FEDERATED_MODEL:
+        op.trigger(federation_ctl.QUEUE, (ns, name))
     elif kind is not NODE:
         route_child(op, kind, body, deleted)
 
@@ -193,7 +204,9 @@ def _reconcilers(op: Operator) -> dict[str, Callable[[Any], Any]]:
     return {MODEL_Q: partial(model.reconcile_model, op), GROUP_Q: partial(model.reconcile_group, op),
             LORA_Q: partial(lora.reconcile_lora, op), MD_Q: partial(modeldeployment.reconcile_md, op),
             CACHE_Q: partial(modelcache.reconcile_modelcache, op),
-            GPUGROUP_Q: partial(gpugroup.reconcile_gpugroup, op)}
+            GPUGROUP_Q: partial(gpugroup.reconcile_gpugroup, op),
+            cluster_ctl.QUEUE: partial(cluster_ctl.reconcile_cluster, op),
+            federation_ctl.QUEUE: partial(federation_ctl.reconcile_federated, op)}
 
 
 async def start(op: Operator, indices: Mapping[str, Any], kubeconfig: str | None = None) -> None:
@@ -244,6 +257,8 @@ async def stop(op: Operator) -> None:
         op.metrics_server = None
     for q in op.queues.values():
         await q.stop()
+    if op.members is not None:
+        await op.members.close()
     await op.events.stop()
     if op.kube is not None:
         await op.kube.close()

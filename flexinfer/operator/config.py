@@ -70,6 +70,10 @@ class OperatorSettings:
     lora_pending_requeue_s: float = _f(10.0, "FLEXINFER_LORA_PENDING_REQUEUE",
                                        "Re-check of adapters whose parent is not ready.")
     gpugroup_requeue_s: float = _f(5.0, "FLEXINFER_GPUGROUP_REQUEUE", "GPUGroup re-evaluation interval.")
+    federation_resync_s: float = _f(30.0, "FLEXINFER_FEDERATION_RESYNC",
+                                    "How often a FederatedModel re-reads its member clusters' Models.")
+    federation_cleanup_timeout_s: float = _f(300.0, "FLEXINFER_FEDERATION_CLEANUP_TIMEOUT",
+                                             "How long a deleted FederatedModel retries unreachable members.")
     metrics_port: int = _f(8080, "FLEXINFER_OPERATOR_METRICS_PORT", "Prometheus /metrics port; 0 disables it.")
     metrics_host: str = _f("0.0.0.0", "FLEXINFER_OPERATOR_METRICS_HOST", "Listen address of the metrics port.")
     #: ``DEFAULT_*IMAGE*`` overrides for the backend registry (see ``flexinfer.backends.images``)

@@ -72,6 +72,8 @@ class Operator:
     #: the Prometheus metrics (served on ``settings.metrics_port`` by ``metrics_server``, an HTTPServer)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     metrics_server: Any = None
+    #: API clients of the member clusters (``members.MemberClients``; made by ``app.start``)
+    members: Any = None
 
     def trigger(self, queue: str, key: Hashable, delay: float | None = None) -> None:
         """Reconcile ``key`` soon: after ``delay``, by default a short debounce that folds a burst of

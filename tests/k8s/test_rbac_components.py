@@ -8,7 +8,8 @@ rule no request used unless the rule carries a ``# needed because:`` comment (ex
 The scenarios are the existing tests of each component, run through their own harnesses on an
 ``as_user`` view of the emulator (the component talks as its ServiceAccount, the test's own setup
 stays admin): ``tests/operator`` (the Model of ``examples/v1alpha2/model-cpu.yaml`` plus the Model,
-ModelDeployment, ModelCache, GPUGroup and LoRAAdapter lifecycles), ``tests/runtime/kube`` (``proxy --kube``:
+ModelDeployment, ModelCache, GPUGroup and LoRAAdapter lifecycles, the Cluster and FederatedModel examples on a
+member emulator), ``tests/runtime/kube`` (``proxy --kube``:
 listing, routing to endpoints, wake-ups), ``tests/scheduler`` (the extender's node/pod/ConfigMap
 inventory), ``tests/agent`` (the node agent) and ``tests/tps`` (the bench publisher).
 """
@@ -219,16 +220,25 @@ async def _operator_model_cpu(kube: KubeEnv) -> None:
         await env.wait_for(lambda: env.get(MODELS, name) is None, what="Model gone")
 
 
+async def _operator_federation(kube: KubeEnv) -> None:
+    import tempfile
+
+    from tests.operator.test_federation import examples_scenario
+
+    with tempfile.TemporaryDirectory() as d:
+        await examples_scenario(kube, Path(d))
+
+
 def _operator_scenarios() -> list[Any]:
     from tests.operator import test_gpugroup, test_lora, test_model, test_modelcache, test_modeldeployment
 
     return [_operator_model_cpu, test_model.test_lifecycle_create_ready_delete,
             test_model.test_cache_gating_and_alias_conflicts, test_modeldeployment.test_modeldeployment,
             test_modelcache.test_modelcache, test_gpugroup.test_gpugroup_anti_thrashing,
-            test_lora.test_lora_adapter]
+            test_lora.test_lora_adapter, _operator_federation]
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 async def test_operator_under_rbac(as_component: Any, index: int) -> None:
     fn = _operator_scenarios()[index]
     _, view = await as_component("operator", True)
