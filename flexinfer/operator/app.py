@@ -35,7 +35,7 @@ import kopf
 from flexinfer import labels
 from flexinfer.k8s.client import new_api_client
 from flexinfer.k8s.errors import KubeAPIError
-from flexinfer.operator import gpugroup, lora, model, modelcache, modeldeployment
+from flexinfer.operator import catalog, gpugroup, lora, model, modelcache, modeldeployment
 from flexinfer.operator.api_resources import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -66,6 +66,7 @@ WATCHED: tuple[tuple[Kind, Mapping[str, str] | None], ...] = (
     (DEPLOYMENT, MANAGED), (SERVICE, MANAGED), (JOB, MANAGED), (CONFIGMAP, MANAGED), (ENDPOINTS, MANAGED),
     (PVC, None), (NODE, None),
 )
+WATCHED += ((catalog.MODEL_CATALOG, None),)  # ModelCatalog (operator/catalog.py): synced on its own timer
 
 
 def configure_kopf(settings: kopf.OperatorSettings, op: Operator) -> None:
@@ -163,6 +164,9 @@ def route(op: Operator, kind: Kind, body: Mapping[str, Any], deleted: bool) -> N
     if op.store.seen(kind, body, deleted):
         return  # the echo of our own create: nothing new
     ns, name = _key(body)
+    if kind is catalog.MODEL_CATALOG:
+        op.trigger(catalog.CATALOG_Q, (ns, name))
+        return
     if kind is MODEL:
         route_model(op, body, deleted)
     elif kind is LORA:
@@ -193,7 +197,8 @@ def _reconcilers(op: Operator) -> dict[str, Callable[[Any], Any]]:
     return {MODEL_Q: partial(model.reconcile_model, op), GROUP_Q: partial(model.reconcile_group, op),
             LORA_Q: partial(lora.reconcile_lora, op), MD_Q: partial(modeldeployment.reconcile_md, op),
             CACHE_Q: partial(modelcache.reconcile_modelcache, op),
-            GPUGROUP_Q: partial(gpugroup.reconcile_gpugroup, op)}
+            GPUGROUP_Q: partial(gpugroup.reconcile_gpugroup, op),
+            catalog.CATALOG_Q: partial(catalog.reconcile_catalog, op, catalog.Syncer())}
 
 
 async def start(op: Operator, indices: Mapping[str, Any], kubeconfig: str | None = None) -> None:
