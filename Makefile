@@ -9,6 +9,7 @@ PORT ?= 8080
 PYTEST_ARGS ?=
 
 .PHONY: run test gate bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image reliability
+.PHONY: docker-registry
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,10 @@ redis-server:
 	@command -v redis-server >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
+# The real OCI registry of the ModelCatalog tests (tests/oci_registry.py): Debian's docker-registry + openssl.
+docker-registry:
+	@scripts/ensure-docker-registry.sh
+
 run: ext llama
 	@echo
 	@echo "FlexInfer is starting on http://$(HOST):$(PORT) (models from examples/local.yaml, started on first use)"
@@ -50,7 +55,7 @@ run: ext llama
 	@echo
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
-test: ext llama redis-server wrk
+test: ext llama redis-server wrk docker-registry
 	$(PY) -m pytest -q -p no:cacheprovider -m "not reliability" $(PYTEST_ARGS)
 	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
 	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability" tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py

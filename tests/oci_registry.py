@@ -45,11 +45,21 @@ OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 
 
 def bcrypt_line(user: str, password: str) -> str:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import crypt  # the C library's bcrypt ($2b$); Python < 3.13
+    """An htpasswd line (bcrypt, the only hash distribution accepts): the C library's through Python's
+    ``crypt`` (< 3.13), else apache2-utils' ``htpasswd``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import crypt
+    except ImportError:
+        htpasswd = shutil.which("htpasswd")
+        if htpasswd is None:
+            import pytest
 
-        return f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}"
+            pytest.skip("no bcrypt for the registry's htpasswd: Python's crypt (< 3.13) or apache2-utils' htpasswd")
+        return subprocess.run([htpasswd, "-nbBC", "4", user, password], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    return f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}"
 
 
 def _b64url(raw: bytes) -> str:

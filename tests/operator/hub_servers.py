@@ -17,7 +17,7 @@ Every request is recorded (path, query, Authorization) for the tests to look at.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import aiohttp.web
 from yarl import URL
@@ -50,7 +50,7 @@ class _Server:
     def routes(self, app: aiohttp.web.Application) -> None:
         raise NotImplementedError
 
-    async def start(self) -> _Server:
+    async def start(self) -> Self:
         app = aiohttp.web.Application()
         self.routes(app)
         self._runner = aiohttp.web.AppRunner(app, access_log=None)

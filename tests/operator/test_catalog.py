@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ import pytest_asyncio
 import yaml
 
 from flexinfer.api.catalog import CatalogRegistry, ModelCatalog
+from flexinfer.api.model import SOURCE_PATTERN
 from flexinfer.operator import catalog
 from flexinfer.operator.registries import Found, RegistryError
 from tests.harness import free_port
@@ -116,8 +119,6 @@ async def test_example_catalog_syncs_and_steady_state_writes_nothing(
         assert [cond(env, "public-models", f"Registry{i}Synced")["reason"] for i in range(3)] == ["Synced"] * 3
         assert {r["authorization"] for r in hubsrv.requests} == {"Bearer hf_example"}
         # the sources work where they belong: HF:// and ollama:// in a Model (the Model CRD's pattern)
-        from flexinfer.api.model import SOURCE_PATTERN
-        import re
         assert all(re.match(SOURCE_PATTERN, r) for r in refs if not r.startswith("oci://"))
 
         # steady state: the interval (24h) passes, nothing changed upstream -> a sync, no write
@@ -197,7 +198,6 @@ def test_status_is_bounded_and_failed_registries_keep_their_entries() -> None:
     # the worst case of the schema stays far below etcd's 1.5 MiB: 1000 entries at their longest
     huge = [Found("n" * 253 + str(i), "oci://" + "r" * 2000 + str(i), 2**62, "safetensors",
                   frozenset({"gguf"})) for i in range(3000)]
-    import json
     st_huge = catalog.plan_status(mc, [catalog.Outcome(oci_r, huge), catalog.Outcome(ol, [])], {}, 1, now)
     assert len(json.dumps(st_huge)) < catalog.MAX_STATUS_BYTES + 8192 and st_huge["totalModels"] == 3000
 
