@@ -42,10 +42,6 @@ USERS = {"alice": "s3cret", "AWS": "ecr-password-from-GetAuthorizationToken"}
 GGUF = "application/vnd.ollama.image.model"
 
 
-def _all(found: Any) -> set[Any]:
-    return set(found)
-
-
 @pytest_asyncio.fixture(name="session")
 async def session_fixture() -> AsyncIterator[tuple[aiohttp.ClientSession, list[str]]]:
     urls: list[str] = []
