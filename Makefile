@@ -9,6 +9,7 @@ PORT ?= 8080
 PYTEST_ARGS ?=
 
 .PHONY: run test gate bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image reliability
+.PHONY: docker-registry
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,11 +44,15 @@ redis-server:
 
 # Debian's Chromium for the status page's browser test (tests/runtime/test_status_page.py); when it cannot
 # be installed (no apt, not root, offline) that one test skips and says so.
-.PHONY: chromium
+.PHONY: chromium docker-registry
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium could not be installed: the status page's browser test will skip"
+
+# The real OCI registry of the ModelCatalog tests (tests/oci_registry.py): Debian's docker-registry + openssl.
+docker-registry:
+	@scripts/ensure-docker-registry.sh
 
 run: ext llama
 	@echo
@@ -58,7 +63,7 @@ run: ext llama
 	@echo
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
-test: ext llama redis-server wrk chromium
+test: ext llama redis-server wrk chromium docker-registry
 	$(PY) -m pytest -q -p no:cacheprovider -m "not reliability" $(PYTEST_ARGS)
 	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
 	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability" tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py

@@ -27,6 +27,7 @@ from flexinfer.api.schema import (
     Column,
     KindDef,
     array,
+    boolean,
     conditions,
     date_time,
     duration,
@@ -71,8 +72,10 @@ CATALOG_STATUS = obj("Observed state of a catalog.", {
         "registry": string("Registry type it came from."),
         "reference": string("Source to use in a Model (HF://..., ollama://..., oci://...)."),
         "sizeBytes": integer("Size, when the registry says.", minimum=0, int64=True),
-    }), "Models found at the last sync.", max_items=2000),
-    "totalModels": integer("Number of entries.", minimum=0),
+        "format": string("Weights format, when the registry says (gguf, safetensors, ...)."),
+    }), "Models found at the last sync (at most 1000 and 256 KiB; see truncated).", max_items=2000),
+    "totalModels": integer("Number of models found (more than the entries listed when truncated).", minimum=0),
+    "truncated": boolean("True when more models matched than the entries list (narrow the filter)."),
     "lastSyncTime": date_time("When the last sync finished."),
 })
 
@@ -127,6 +130,7 @@ class CatalogEntry:
     registry: str | None
     reference: str | None
     size_bytes: int | None
+    format: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,15 +140,17 @@ class ModelCatalogStatus:
     entries: tuple[CatalogEntry, ...] = ()
     total_models: int = 0
     last_sync_time: datetime | None = None
+    truncated: bool = False
 
     @classmethod
     def from_dict(cls, raw: Any) -> ModelCatalogStatus:
         s = validate_lenient(CATALOG_STATUS, raw or {}) or {}
         return cls(
             observed_generation=s.get("observedGeneration"), conditions=parse_conditions(s.get("conditions")),
-            entries=tuple(CatalogEntry(e.get("name"), e.get("registry"), e.get("reference"), e.get("sizeBytes"))
-                          for e in s.get("entries") or ()),
+            entries=tuple(CatalogEntry(e.get("name"), e.get("registry"), e.get("reference"), e.get("sizeBytes"),
+                                       e.get("format")) for e in s.get("entries") or ()),
             total_models=s.get("totalModels", 0), last_sync_time=opt_time(s.get("lastSyncTime")),
+            truncated=bool(s.get("truncated", False)),
         )
 
 

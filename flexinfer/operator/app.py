@@ -37,9 +37,9 @@ import kopf
 from flexinfer import labels
 from flexinfer.k8s.client import new_api_client
 from flexinfer.k8s.errors import KubeAPIError
+from flexinfer.operator import catalog, gpugroup, lora, model, modelcache, modeldeployment
 from flexinfer.operator import cluster as cluster_ctl
 from flexinfer.operator import federation as federation_ctl
-from flexinfer.operator import gpugroup, lora, model, modelcache, modeldeployment
 from flexinfer.operator.api_resources import (
     CLUSTER,
     CONFIGMAP,
@@ -71,7 +71,7 @@ WATCHED: tuple[tuple[Kind, Mapping[str, str] | None], ...] = (
     (MODEL, None), (LORA, None), (MODEL_DEPLOYMENT, None), (MODEL_CACHE, None), (GPU_GROUP, None),
     (DEPLOYMENT, MANAGED), (SERVICE, MANAGED), (JOB, MANAGED), (CONFIGMAP, MANAGED), (ENDPOINTS, MANAGED),
     (PVC, None), (NODE, None),
-    (CLUSTER, None), (FEDERATED_MODEL, None),
+    (CLUSTER, None), (FEDERATED_MODEL, None), (catalog.MODEL_CATALOG, None),
 )
 
 
@@ -170,6 +170,9 @@ def route(op: Operator, kind: Kind, body: Mapping[str, Any], deleted: bool) -> N
     if op.store.seen(kind, body, deleted):
         return  # the echo of our own create: nothing new
     ns, name = _key(body)
+    if kind is catalog.MODEL_CATALOG:
+        op.trigger(catalog.CATALOG_Q, (ns, name))
+        return
     if kind is MODEL:
         route_model(op, body, deleted)
     elif kind is LORA:
@@ -206,7 +209,8 @@ def _reconcilers(op: Operator) -> dict[str, Callable[[Any], Any]]:
             CACHE_Q: partial(modelcache.reconcile_modelcache, op),
             GPUGROUP_Q: partial(gpugroup.reconcile_gpugroup, op),
             cluster_ctl.QUEUE: partial(cluster_ctl.reconcile_cluster, op),
-            federation_ctl.QUEUE: partial(federation_ctl.reconcile_federated, op)}
+            federation_ctl.QUEUE: partial(federation_ctl.reconcile_federated, op),
+            catalog.CATALOG_Q: partial(catalog.reconcile_catalog, op, catalog.Syncer())}
 
 
 async def start(op: Operator, indices: Mapping[str, Any], kubeconfig: str | None = None) -> None:

@@ -49,7 +49,7 @@ async def test_reconciles_and_api_errors_after_real_reconciles(kube: KubeEnv) ->
         samples = parse_scrape(first)
         kinds = {s["kind"] for s in samples["flexinfer_operator_queue_depth"]}
         assert kinds == {"model", "model-group", "lora", "modeldeployment", "modelcache", "gpugroup", "cluster",
-                         "federatedmodel"}
+                         "federatedmodel", "modelcatalog"}
 
         # more objects, more reconciles: the counter moves (and never a new API error)
         before = value(first, "flexinfer_operator_reconciles_total", kind="model")
