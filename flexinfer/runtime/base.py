@@ -74,6 +74,9 @@ class ModelView:
     owned_by: str = "flexinfer"
     created: int = 0
     metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    #: routing "weighted": endpoint key -> weight (a missing key weighs 1; 0: never picked while
+    #: another endpoint is left). The global proxy's FederatedModel weights (runtime.globalrt)
+    weights: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     #: prefill/decode disaggregation: True when some endpoint's role is not "both" (computed once per
     #: view, read per request; see flexinfer.proxy.disagg for the prefill and decode sets)
     disaggregated: bool = field(init=False, compare=False, repr=False)
