@@ -75,8 +75,10 @@ def empty_config(name: str = "") -> GlobalConfig:
     return GlobalConfig(name, GlobalProxySpec(None, "RoundRobin", (), (), None, False, "/healthz", 2.0, 5.0))
 
 
-def parse_global(docs: Iterable[Any], where: str = "GlobalProxy") -> GlobalConfig:
-    """One GlobalProxy object and any FederatedModel objects -> :class:`GlobalConfig`."""
+def parse_global(docs: Iterable[Any], where: str = "GlobalProxy", *, strict: bool = True) -> GlobalConfig:
+    """One GlobalProxy object and any FederatedModel objects -> :class:`GlobalConfig`. ``strict``
+    (a file): an endpoint the proxy cannot dial is an error; otherwise (a resource) that cluster is
+    kept, never probed, and reported in the status."""
     proxies: list[GlobalProxy] = []
     routing: dict[str, FederatedRouting] = {}
     for i, doc in enumerate(d for d in docs if d is not None):
@@ -94,7 +96,7 @@ def parse_global(docs: Iterable[Any], where: str = "GlobalProxy") -> GlobalConfi
     if len(proxies) != 1:
         raise GlobalConfigError(f"{where}: expected exactly one GlobalProxy, found {len(proxies)}")
     gp = proxies[0]
-    for c in gp.spec.clusters:
+    for c in gp.spec.clusters if strict else ():
         _endpoint(c.endpoint)  # fail early on a URL the upstream client cannot dial
     return GlobalConfig(gp.meta.name, gp.spec, routing, gp.meta.generation or None)
 
@@ -139,41 +141,44 @@ class Member:
 
 
 async def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes]:
-    """One ``GET`` on a fresh connection (Connection: close). ConnectionRefusedError on a refusal."""
+    """One ``GET`` on a fresh connection (Connection: close; the body read by its Content-Length,
+    chunks, or to EOF). ConnectionRefusedError on a refusal; TimeoutError past ``timeout``."""
     async with asyncio.timeout(timeout):
-        r, w = await asyncio.open_connection(host, port)
+        r, w = await asyncio.open_connection(host, port, limit=MAX_PROBE_BODY)
         try:
             w.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
                     "User-Agent: flexinfer-global-proxy\r\n\r\n".encode("latin-1"))
-            data = await r.read(MAX_PROBE_BODY)
-            while len(data) < MAX_PROBE_BODY and (more := await r.read(MAX_PROBE_BODY - len(data))):
-                data += more
+            try:
+                head = await r.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                raise ValueError("connection closed before an HTTP answer") from None
+            parts = head.split(b"\r\n", 1)[0].split()
+            if len(parts) < 2 or not parts[1].isdigit():
+                raise ValueError("invalid HTTP answer")
+            fields = {k.strip().lower(): v.strip() for k, _, v in
+                      (ln.partition(b":") for ln in head.split(b"\r\n")[1:] if ln)}
+            if b"content-length" in fields:
+                n = int(fields[b"content-length"])
+                if n > MAX_PROBE_BODY:
+                    raise ValueError("answer too large")
+                body = await r.readexactly(n)
+            elif b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+                out = bytearray()
+                while (n := int((await r.readuntil(b"\r\n")).split(b";")[0].strip() or b"0", 16)) > 0:
+                    if len(out) + n > MAX_PROBE_BODY:
+                        raise ValueError("answer too large")
+                    out += await r.readexactly(n)
+                    await r.readexactly(2)
+                body = bytes(out)
+            else:
+                body = await r.read(MAX_PROBE_BODY)
         finally:
             w.close()
             try:
                 await w.wait_closed()
             except OSError:
                 pass
-    head, _, body = data.partition(b"\r\n\r\n")
-    parts = head.split(b"\r\n", 1)[0].split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ValueError("invalid HTTP answer")
-    if b"transfer-encoding: chunked" in head.lower():
-        body = _dechunk(body)
     return int(parts[1]), body
-
-
-def _dechunk(body: bytes) -> bytes:
-    out, i = bytearray(), 0
-    while True:
-        j = body.find(b"\r\n", i)
-        if j < 0:
-            return bytes(out)
-        n = int(body[i:j].split(b";")[0] or b"0", 16)
-        if n == 0:
-            return bytes(out)
-        out += body[j + 2:j + 2 + n]
-        i = j + 4 + n
 
 
 class GlobalRuntime(StaticInventoryBase):
@@ -261,7 +266,7 @@ class GlobalRuntime(StaticInventoryBase):
         except TimeoutError:
             self._failed(m, f"probe timed out after {spec.probe_timeout_s:g}s")
             return
-        except (OSError, ValueError, AttributeError, KeyError) as exc:
+        except (OSError, ValueError, AttributeError, KeyError, asyncio.IncompleteReadError) as exc:
             self._failed(m, str(exc) or exc.__class__.__name__)
             return
         m.probes_ok += 1
@@ -336,8 +341,9 @@ class GlobalRuntime(StaticInventoryBase):
         the writer stamps them)."""
         members = list(self.members.values())
         healthy = [m.name for m in members if m.ready]
+        # no latency figures here (they are in the metrics): a status that changed every round
+        # would be written every round
         detail = "; ".join(f"{m.name}: {'ready' if m.ready else 'out'}"
-                           + (f" ({m.latency_s * 1000:.1f} ms)" if m.ready and m.latency_s is not None else "")
                            + (f" ({m.error})" if m.error and not m.ready else "") for m in members)
         if not self.rounds and not any(m.probed for m in members):
             cond = ("Unknown", "Probing", "no probe round has ended yet")

@@ -56,6 +56,7 @@ class KubeGlobalSource:
         self._written: dict[str, Any] | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[None] | None = None
+        self._writing = asyncio.Lock()  # one status write at a time: the next compares with it
         runtime.on_round.append(self._after_round)
 
     async def start(self) -> None:
@@ -105,12 +106,12 @@ class KubeGlobalSource:
         docs = [obj]
         for fm in fms.get("items") or []:  # an invalid FederatedModel is skipped, not fatal
             try:
-                parse_global([obj, fm])
+                parse_global([obj, fm], strict=False)
                 docs.append(fm)
             except GlobalConfigError as exc:
                 log.warning("global proxy: FederatedModel skipped: %s", exc)
         try:
-            cfg = parse_global(docs, f"GlobalProxy {self.namespace}/{obj['metadata']['name']}")
+            cfg = parse_global(docs, f"GlobalProxy {self.namespace}/{obj['metadata']['name']}", strict=False)
         except GlobalConfigError as exc:
             self._failed(str(exc))
             return
@@ -147,20 +148,30 @@ class KubeGlobalSource:
 
     async def write_status(self) -> None:
         """Merge-patch the status when it differs from the last one written (or read)."""
+        async with self._writing:
+            await self._write_status()
+
+    async def _write_status(self) -> None:
         if self._obj is None or self.name is None:
             return
         status = self.desired_status()
         have = self._written if self._written is not None else (self._obj.get("status") or {})
         if _same(status, have):
             return
-        try:
-            patch: Any = self.api.patch_namespaced_custom_object_status
-            got = await patch(
-                GROUP, GLOBAL_PROXY.version, self.namespace, GLOBAL_PROXY.plural, self.name, {"status": status},
-                _content_type=MERGE_PATCH, _request_timeout=self.request_timeout)
-        except _ERRORS as exc:
-            log.warning("global proxy: writing the status of %s failed: %s", self.name,
-                        getattr(exc, "reason", None) or exc)
+        patch: Any = self.api.patch_namespaced_custom_object_status
+        for attempt in (1, 2):  # once more after a transport error (a keep-alive the server closed)
+            try:
+                got = await patch(
+                    GROUP, GLOBAL_PROXY.version, self.namespace, GLOBAL_PROXY.plural, self.name,
+                    {"status": status}, _content_type=MERGE_PATCH, _request_timeout=self.request_timeout)
+                break
+            except (aiohttp.ClientError, OSError) as exc:
+                if attempt == 1:
+                    continue
+                why: Any = exc
+            except ApiException as exc:
+                why = exc.reason
+            log.warning("global proxy: writing the status of %s failed: %s (next round retries)", self.name, why)
             return
         self.status_writes += 1
         self._written = status
