@@ -23,21 +23,16 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from flexinfer.api import GROUP
 from flexinfer.api.conditions import Condition, conditions_to_list, parse_conditions, set_condition
 from flexinfer.api.federation import FEDERATED_MODEL, GLOBAL_PROXY
+from flexinfer.k8s.customobjects import API_ERRORS, MERGE_PATCH, custom_objects, is_transport_error
 from flexinfer.runtime.globalrt import GlobalConfigError, GlobalRuntime, parse_global
 
 __all__ = ["MAX_SYNC_S", "KubeGlobalSource"]
 
 log = logging.getLogger("flexinfer.proxy.global")
 MAX_SYNC_S = 30.0
-MERGE_PATCH = "application/merge-patch+json"
-_ERRORS = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class KubeGlobalSource:
@@ -46,7 +41,7 @@ class KubeGlobalSource:
     def __init__(self, runtime: GlobalRuntime, api_client: Any, namespace: str, name: str | None = None,
                  *, request_timeout: float = 10.0) -> None:
         self.runtime = runtime
-        self.api = k8s.CustomObjectsApi(api_client)
+        self.api = custom_objects(api_client)
         self.namespace = namespace
         self.name = name
         self.request_timeout = request_timeout
@@ -100,7 +95,7 @@ class KubeGlobalSource:
             fms = await self.api.list_namespaced_custom_object(
                 GROUP, FEDERATED_MODEL.version, self.namespace, FEDERATED_MODEL.plural,
                 _request_timeout=self.request_timeout)
-        except (*_ERRORS, GlobalConfigError) as exc:
+        except (*API_ERRORS, GlobalConfigError) as exc:  # type: ignore[misc]
             self._failed(f"reading the GlobalProxy: {getattr(exc, 'reason', None) or exc}")
             return
         docs = [obj]
@@ -165,12 +160,10 @@ class KubeGlobalSource:
                     GROUP, GLOBAL_PROXY.version, self.namespace, GLOBAL_PROXY.plural, self.name,
                     {"status": status}, _content_type=MERGE_PATCH, _request_timeout=self.request_timeout)
                 break
-            except (aiohttp.ClientError, OSError) as exc:
-                if attempt == 1:
+            except API_ERRORS as exc:
+                if attempt == 1 and is_transport_error(exc):
                     continue
-                why: Any = exc
-            except ApiException as exc:
-                why = exc.reason
+                why: Any = getattr(exc, "reason", None) or exc
             log.warning("global proxy: writing the status of %s failed: %s (next round retries)", self.name, why)
             return
         self.status_writes += 1
