@@ -5,7 +5,8 @@ file (``--global FILE``) or, with ``--kube``, from the hub's GlobalProxy resourc
 
 Owns: wiring only (a composition root): the runtime joined to the ordinary ``ProxyHandler``, its
 per-cluster metrics registered in the handler's registry, its probes started and stopped with the
-server. Must not: route, probe or parse anything itself.
+server, and a member the probes bring back re-admitted by the router's ejector (the refusals of
+its outage ejected it for ``PROXY_EJECT_BASE`` seconds). Must not: route, probe or parse anything itself.
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ def run_global(settings: ProxySettings, args: argparse.Namespace, serve_http: An
         runtime = GlobalRuntime(config)
         handler = parts.handler(runtime)
         handler.metrics.registry.register(runtime.collector())
+        ejector = handler.router.ejector
+        if ejector is not None:  # a member the probes bring back was ejected by its outage's refusals
+            seen: dict[str, bool] = {}
+
+            def readmit() -> None:
+                for m in runtime.members.values():
+                    if m.endpoint is not None and m.ready and seen.get(m.name) is False:
+                        ejector.readmit(m.endpoint.key)
+                    seen[m.name] = m.ready
+
+            runtime.on_round.append(readmit)
         built.append((runtime, handler))
         return handler
 

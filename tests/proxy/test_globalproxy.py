@@ -267,3 +267,55 @@ def test_latency_prefers_the_faster(clusters: tuple[Engines, list[Member]], tmp_
         assert not any(p.startswith("lat-") for p in engines.prompts(0))
     finally:
         gp.close()
+
+
+def test_bad_file_is_refused_with_its_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(global_file(tmp_path, "g.yaml", [1], "RoundRobin").read_text().replace("http://", "https://"))
+    out = subprocess.run([sys.executable, "-m", "flexinfer.cli", "proxy", "--global", str(bad)], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "https towards the clusters is not supported" in out.stderr, out.stderr
+
+
+def test_kube_mode_serves_and_writes_the_status(clusters: tuple[Engines, list[Member]], tmp_path: Path) -> None:
+    """``--global --kube``: the process reads the GlobalProxy from a Kubernetes API emulator, serves
+    through the member proxies and writes the resource's status itself."""
+    import contextlib
+
+    import yaml
+
+    from tests.api.helpers import CRDS
+    from tests.kube_emulator import KubeEnv, start_kube
+
+    engines, members = clusters
+    stack = contextlib.AsyncExitStack()
+    kube: KubeEnv = engines.run(stack.enter_async_context(start_kube(tmp_path)))
+    try:
+        crds = [yaml.safe_load((CRDS / f"ai.flexinfer_{n}.yaml").read_text()) for n in ("globalproxies", "federatedmodels")]
+        engines.call(lambda: [kube.register_crd(c) for c in crds])
+        doc = yaml.safe_load(global_file(tmp_path, "k.yaml", [m.port for m in members], "Failover").read_text())
+        doc["metadata"]["namespace"] = "default"
+        engines.call(lambda: kube.seed("ai.flexinfer/v1alpha2/globalproxies", doc))
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "proxy", "--global",
+                                 "--kube", "--port", str(port)], cwd=ROOT,
+                                env=env(KUBECONFIG=str(kube.kubeconfig_path), POD_NAMESPACE="default"))
+        try:
+            wait_port(port, timeout=30)
+            end = time.monotonic() + 15
+            while True:
+                got = engines.call(lambda: kube.get("ai.flexinfer/v1alpha2/globalproxies", "default", "global"))
+                st = (got or {}).get("status") or {}
+                if st.get("healthyClusters") == 2:
+                    break
+                assert time.monotonic() < end, st
+                time.sleep(0.05)
+            assert st["activeCluster"] == "c0" and st["conditions"][0]["reason"] == "AllClustersHealthy"
+            with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0) as client:
+                out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "kube-1"}])
+            assert out.model == "m" and engines.prompts(0).count("kube-1") == 1
+        finally:
+            stop(proc)
+        assert proc.returncode == 0
+    finally:
+        engines.run(stack.aclose())
