@@ -97,7 +97,10 @@ def parse_global(docs: Iterable[Any], where: str = "GlobalProxy", *, strict: boo
         raise GlobalConfigError(f"{where}: expected exactly one GlobalProxy, found {len(proxies)}")
     gp = proxies[0]
     for c in gp.spec.clusters if strict else ():
-        _endpoint(c.endpoint)  # fail early on a URL the upstream client cannot dial
+        try:
+            _endpoint(c.endpoint)  # fail early on a URL the upstream client cannot dial
+        except ValueError as exc:
+            raise GlobalConfigError(f"{where}: cluster {c.name!r}: {exc}") from None
     return GlobalConfig(gp.meta.name, gp.spec, routing, gp.meta.generation or None)
 
 
