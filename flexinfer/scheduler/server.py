@@ -135,10 +135,10 @@ class ExtenderApp:
 
     # -- verbs --------------------------------------------------------------------------------------
 
-    def _candidates(self, args: wire.ExtenderArgs) -> Candidates | Reply:
+    def _candidates(self, args: wire.ExtenderArgs, verb: str) -> Candidates | Reply:
         """Facts of the request's nodes. Raises :class:`wire.WireError` for a bad NodeList item."""
         if args.items is not None:  # the fast path: raw items, facts from the cache
-            facts = self.node_cache.resolve(args.items)
+            facts = self.node_cache.resolve(args.items, verb)
             return Candidates(facts, [], [f.name for f in facts], args.items)
         if args.nodes is not None:
             return Candidates(self.node_cache.facts(args.nodes), [], [n.name for n in args.nodes], None)
@@ -152,7 +152,7 @@ class ExtenderApp:
         """``ExtenderArgs`` → ``ExtenderFilterResult``."""
         try:
             args = wire.parse_args(body)
-            got = self._candidates(args)
+            got = self._candidates(args, "filter")
         except wire.WireError as exc:
             return Reply(400, wire.filter_result([], {}, {}, error=str(exc)))
         if isinstance(got, Reply):
@@ -181,7 +181,7 @@ class ExtenderApp:
         """``ExtenderArgs`` → ``HostPriorityList`` with integer scores 0..10."""
         try:
             args = wire.parse_args(body)
-            got = self._candidates(args)
+            got = self._candidates(args, "score")
         except wire.WireError as exc:
             return Reply(400, wire.error_result(str(exc)))
         if isinstance(got, Reply):
