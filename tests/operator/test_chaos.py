@@ -61,6 +61,7 @@ class Dice:
     faulted: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     writes: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     on: bool = True
+    conflicted: bool = False
     #: (seconds since start, method, path?query, fault category or "") of every request
     log: list[tuple[float, str, str, str]] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
@@ -76,6 +77,9 @@ class Dice:
             self.writes[(method, path)] += 1
         if not self.on or (method in ("POST", "DELETE") and EXEMPT.search(path)):
             return ""
+        if method in ("PATCH", "PUT") and not self.conflicted:
+            self.conflicted = True  # the first write is a 409, so that every run has one
+            return "409"
         u = self.rnd.random()
         if u < self.p_timeout:
             return "timeout"
@@ -289,8 +293,8 @@ def check(fig: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _debug_logs() -> Iterator[None]:
-    """With ``F19_DUMP=<dir>``: kopf's and the operator's DEBUG log in ``<dir>/operator.log``."""
-    out = os.environ.get("F19_DUMP")
+    """With ``F19_LOG=<dir>``: kopf's and the operator's DEBUG log in ``<dir>/operator.log``."""
+    out = os.environ.get("F19_LOG")
     if not out:
         yield
         return
@@ -316,6 +320,37 @@ def _debug_logs() -> Iterator[None]:
 async def test_chaos_6_crs(kube: KubeEnv) -> None:
     with _debug_logs():
         check(await run_chaos(kube, n_valid=5, n_invalid=1, ready_timeout=150))
+
+
+def test_lagging_event_of_a_concurrent_write_keeps_the_overlay() -> None:
+    """The redundant write of the 6-CR run: our status patch (answer rv 20) races kopf's annotation patch
+    (rv 16); the watch delivers 16 after our answer. The store must keep serving our answer (else the
+    next reconcile writes the status again), and let the index win once 20 or anything newer arrives."""
+    from flexinfer.operator.api_resources import MODEL
+    from flexinfer.operator.store import Store
+
+    def body(rv: str, status: bool = False, note: bool = False) -> dict[str, Any]:
+        md: dict[str, Any] = {"name": "m", "namespace": "default", "resourceVersion": rv}
+        if note:
+            md["annotations"] = {"flexinfer.ai/model-create": "{}"}
+        return {"metadata": md, "status": {"phase": "Failed"} if status else {}}
+
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("default", "m"): [body("2")]}
+    st = Store()
+    st.bind(MODEL, index)
+    st.wrote(MODEL, body("2"), body("20", status=True))
+    for late in ("16", "19"):  # kopf's patch, then one more older version, delivered late
+        index[("default", "m")] = [body(late, note=True)]
+        assert st.seen(MODEL, body(late, note=True)) is False
+        got = st.get(MODEL, "default", "m")
+        assert got is not None and got["status"] == {"phase": "Failed"}, late
+    index[("default", "m")] = [body("21", status=True, note=True)]  # newer: the index wins
+    got = st.get(MODEL, "default", "m")
+    assert got is not None and got["metadata"]["resourceVersion"] == "21" and st.overlay_size == 0
+    st.wrote(MODEL, body("21"), body("x30", status=True))  # not numbers: any other version drops it
+    index[("default", "m")] = [body("22")]
+    got = st.get(MODEL, "default", "m")
+    assert got is not None and got["metadata"]["resourceVersion"] == "22" and st.overlay_size == 0
 
 
 @pytest.mark.parametrize("name, spec, first_write", [
