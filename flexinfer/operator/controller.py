@@ -6,8 +6,8 @@ Owns:
   at its earliest due time); one key is never reconciled twice at the same time; a reconcile's
   answer (``Result.requeue_after``) schedules the next one; a failure backs off exponentially per
   key (:class:`~flexinfer.k8s.backoff.Backoff`, no jitter; a longer ``KubeAPIError.retry_after``
-  wins). ``run_now`` runs a reconcile inline (kopf change handlers use it to turn outcomes into
-  ``PermanentError``/``TemporaryError``); a failed one is queued for retry as well. Each reconcile
+  wins). ``run_now`` runs a reconcile inline (kopf change handlers use it to turn an unusable spec
+  into ``PermanentError``); a failed one is queued for retry as well. Each reconcile
   is counted and timed in the queue's ``OperatorMetrics`` when it has one (``kind`` = the queue's
   name).
 - ``Writer``: the only place that writes: ``ensure`` (create, adopt on 409 AlreadyExists, or patch
