@@ -13,6 +13,7 @@ The file is watched (``--watch-interval``) and SIGHUP reloads it: :mod:`flexinfe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -87,6 +88,21 @@ def load_checked(path: str) -> list[LocalModelSpec]:
     return specs
 
 
+async def preload(runtime: LocalRuntime, names: list[str]) -> None:
+    """Start ``names`` one after the other (a group's members would swap each other out: the last
+    one stays); a failure is logged and shown by the model's state (failed, with its error in
+    ``/running`` and on the status page); serve keeps running."""
+    for name in names:
+        view = runtime.resolve(name)
+        if view is None:  # a reload removed it meanwhile
+            continue
+        try:
+            await runtime.wake(view)
+            log.info("preloaded %s", view.name)
+        except Exception as exc:
+            log.error("preload of %s failed: %s", view.name, exc)
+
+
 def check(path: str) -> int:
     """``--check``: every problem of the file on stderr (exit 2), or one ok line (exit 0)."""
     from flexinfer.proxy.scheduler import spec_error
@@ -141,10 +157,19 @@ def run(args: argparse.Namespace) -> int:
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
+    from flexinfer.runtime.localconfig import startup_preload
+
+    preload_names = startup_preload(args.config)
+    preloading: list[asyncio.Task[None]] = []
+
     async def on_start(_server: HTTPServer) -> None:
         watcher.start()
+        if preload_names:  # hooks.on_startup.preload: in the background, the endpoint serves meanwhile
+            preloading.append(asyncio.get_running_loop().create_task(preload(runtime, preload_names)))
 
     async def on_stop(_server: HTTPServer) -> None:
+        for t in preloading:
+            t.cancel()
         await watcher.close()
         await runtime.stop_all()
 
