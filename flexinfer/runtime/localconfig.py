@@ -189,7 +189,7 @@ class _Top(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[Any]
     defaults: Defaults | None = None
     macros: dict[str, MacroValue] = {}
-    groups: dict[str, GroupSettings] = {}
+    groups: dict[str, Any] = {}  # each converted on its own: an error names the group and its line
     hooks: Hooks | None = None
 
 
@@ -358,17 +358,20 @@ def _groups_and_hooks(src: Source, top: _Top, out: list[tuple[int, LocalModelSpe
     """Each model gets its group's policy; a ``groups:`` entry no model names and a preload of an
     unknown model are errors."""
     used = {s.group for _, s in out if s.group}
-    for g in top.groups:
+    groups: dict[str, GroupSettings] = {}
+    for g, raw in top.groups.items():
         if g not in used:
             src.error(("groups", g), f"no model has group: {g}{suggest(g, used)}", key=True)
+        conv = convert(src, raw if raw is not None else {}, GroupSettings, ("groups", g))
+        if conv is not None:
+            groups[g] = conv
     names = {n for _, s in out for n in (s.name, *s.aliases)}
     hooks = top.hooks.on_startup if top.hooks is not None else None
     for j, want in enumerate(hooks.preload if hooks is not None else []):
         if want not in names:
             src.error(("hooks", "on_startup", "preload", j), f"unknown model {want!r}{suggest(want, names)}")
-    return [(i, dataclasses.replace(s, exclusive=top.groups[s.group].exclusive,
-                                    persistent=top.groups[s.group].persistent)
-             if s.group in top.groups else s) for i, s in out]
+    return [(i, dataclasses.replace(s, exclusive=groups[s.group].exclusive, persistent=groups[s.group].persistent)
+             if s.group in groups else s) for i, s in out]
 
 
 def startup_preload(path: str) -> list[str]:
