@@ -95,8 +95,8 @@ def test_preload_starts_models_without_blocking_the_endpoint_and_survives_a_fail
     text = ("hooks:\n  on_startup:\n    preload: [broken, slow]\nmodels:\n  - name: broken\n    cmd: " + bad
             + stub("slow", "--start-delay", "1.5") + "\n")
     with serve(tmp_path, text) as s:
-        # the endpoint answers while the preload is still under way
-        assert {"broken", "slow"} <= s.models()
+        # the endpoint answers while the preload is still under way (slow takes 1.5 s to listen)
+        assert s.running()["slow"]["state"] != "ready" and {"broken", "slow"} <= s.models()
         assert wait_for(lambda: s.running()["slow"]["state"] == "ready", 30), (s.running(), s.log.read_text())
         rows = s.running()
         assert rows["broken"]["state"] == "failed" and "exited with code 3" in rows["broken"]["last_error"]
