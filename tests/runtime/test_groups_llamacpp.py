@@ -6,13 +6,15 @@ One serve: ``side`` (a stub engine, no group) is preloaded at start; a streaming
 ``reasoning_content`` chunks, then SmolLM2's own tokens; starting it unloaded ``side``; the usage tap
 counted SmolLM2's events only (one TTFT, one gap per later content event; llama-cpp-python sends no
 usage chunk in a stream, so token counts are not compared here: tests/runtime/test_llamacpp_usage.py). A second test runs llama.cpp's own ``llama-server`` binary when one is
-on this machine (``LLAMA_SERVER`` or on PATH; Debian ships none: it is skipped otherwise).
+on this machine (``LLAMA_SERVER`` or on PATH; Debian ships none: it is skipped otherwise): SmolLM2
+answers through serve, the engine's ``/metrics`` is on, ``--n_ctx`` reached it as ``--ctx-size``.
 Marked ``llamacpp``; ``make test`` runs it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import textwrap
@@ -83,3 +85,7 @@ def test_smollm2_on_the_llama_server_binary(tmp_path: Path) -> None:
         port = s.running()["smollm2"]["port"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             assert b"llamacpp:" in r.read()  # started with --metrics
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=10) as r:
+            props = json.loads(r.read())
+        assert props["default_generation_settings"]["n_ctx"] == 2048  # args: --n_ctx 2048 -> --ctx-size 2048
+        assert props["model_alias"] == "smollm2"
