@@ -8,6 +8,7 @@ served through the same OpenAI endpoint, with the runtime's admin pages (``/``, 
 ``/running``, ``/load/<model>``, ``/unload``, ``/logs/<model>``, ``/config``; docs/status-page.md)
 next to it. One worker: the processes belong to this process.
 The file is watched (``--watch-interval``) and SIGHUP reloads it: :mod:`flexinfer.runtime.reload`.
+``hooks.on_startup.preload`` models are started in the background once it listens (:func:`preload`).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def check(path: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from flexinfer import _compiled, _speedups
     from flexinfer.http.server import run as serve_http
-    from flexinfer.runtime.localconfig import DEFAULT_CONFIG, local_schema
+    from flexinfer.runtime.localconfig import DEFAULT_CONFIG, local_schema, startup_preload
     from flexinfer.runtime.static import InventoryConfigError
 
     if args.schema:
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_proxy_settings(host=args.host, port=args.port, workers=1)
         runtime, handler, watcher = build_watched(args.config, settings, max(0.0, args.watch_interval))
+        preload_names = startup_preload(args.config)
     except (SettingsError, InventoryConfigError) as exc:
         print(f"flexinfer serve: {exc}" if isinstance(exc, SettingsError) else exc, file=sys.stderr)
         return 2
@@ -157,9 +159,6 @@ def run(args: argparse.Namespace) -> int:
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
-    from flexinfer.runtime.localconfig import startup_preload
-
-    preload_names = startup_preload(args.config)
     preloading: list[asyncio.Task[None]] = []
 
     async def on_start(_server: HTTPServer) -> None:

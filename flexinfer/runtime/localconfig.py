@@ -8,6 +8,10 @@ Format (``examples/local.yaml``)::
     defaults:                 # optional, applied to every model
       idle_ttl: 300           # seconds without requests before the process is stopped (0 = never)
       start_timeout: 120      # seconds for the process to answer its health path
+    groups:                   # optional: a group's policy towards the others (docs/groups.md)
+      gpu0: {exclusive: true} # starting a member unloads the other non-persistent models
+    hooks:
+      on_startup: {preload: [smollm2]}   # started when serve starts (in the background)
     models:
       - name: smollm2
         backend: llamacpp     # python -m llama_cpp.server with the GGUF below
