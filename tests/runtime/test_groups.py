@@ -211,3 +211,15 @@ def test_llama_server_binary_from_env_or_backend_bin_through_serve(tmp_path: Pat
         if saved is not None:
             os.environ["LLAMA_SERVER"] = saved
     assert all(sp.command[1:3] == ("-m", "llama_cpp.server") and sp.health_path == "/v1/models" for sp in specs)
+
+
+def test_policies_and_loading_state_reach_the_specs(tmp_path: Path) -> None:
+    cfg = tmp_path / "ok.yaml"
+    cfg.write_text("defaults: {send_loading_state: true}\ngroups:\n  ex: {exclusive: true}\n  keep: {persistent: true}\n"
+                   "models:" + stub("a", more="\n    group: ex") + stub("p", more="\n    group: keep")
+                   + stub("q", more="\n    send_loading_state: false") + stub("r", more="\n    group: plain") + "\n")
+    specs = {sp.name: sp for sp in load_local_config(str(cfg))}
+    assert (specs["a"].exclusive, specs["a"].persistent) == (True, False)
+    assert (specs["p"].exclusive, specs["p"].persistent) == (False, True)
+    assert (specs["r"].exclusive, specs["r"].persistent) == (False, False)
+    assert [specs[n].send_loading_state for n in "apqr"] == [True, True, False, True]
