@@ -131,10 +131,11 @@ spec:
 
 
 class GlobalProxy:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, **settings: str) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "proxy",
-                                      "--global", str(path), "--port", str(self.port)], cwd=ROOT, env=env())
+                                      "--global", str(path), "--port", str(self.port)], cwd=ROOT,
+                                     env=env(**settings))
         try:
             wait_port(self.port, timeout=30)
         except RuntimeError:
@@ -188,8 +189,10 @@ def gproxy(clusters: tuple[Engines, list[Member]], tmp_path_factory: pytest.Temp
     """Failover c0 -> c1 for ``m``; FederatedModel routing for ``rr`` (RoundRobin) and ``w`` (Weighted 3:1)."""
     _, members = clusters
     extra = federated("rr", "{strategy: RoundRobin}") + federated("w", "{strategy: Weighted, weights: {c0: 3, c1: 1}}")
+    # the first refusal ejects a member for 30 s (the router's passive ejector): coming back must
+    # re-admit it at the probe that sees it back, not 30 s later
     gp = GlobalProxy(global_file(tmp_path_factory.mktemp("g"), "global.yaml", [m.port for m in members],
-                                 "Failover", extra))
+                                 "Failover", extra), PROXY_EJECT_CONSECUTIVE="1")
     try:
         gp.wait_ready({"c0": 1.0, "c1": 1.0})
         yield gp
