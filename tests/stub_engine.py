@@ -292,9 +292,11 @@ class StubEngine:
         self.lora_adapters: list[str] = []
         self.tokenize_delay = 0.0
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> StubEngine:
+    async def start(self, host: str = "127.0.0.1", port: int = 0, ssl: Any = None) -> StubEngine:
+        """``ssl``: a server ``ssl.SSLContext`` (the engine behind TLS; ``connections_total`` then
+        counts TLS connections, each after its handshake)."""
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: _Conn(self), host, port, backlog=1024)
+        self.server = await loop.create_server(lambda: _Conn(self), host, port, backlog=1024, ssl=ssl)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 

@@ -59,14 +59,17 @@ def build_watched(config: str, settings: ProxySettings,
     from flexinfer.proxy.pipeline import ProxyHandler
     from flexinfer.runtime.admin import LocalAdmin
     from flexinfer.runtime.local import LocalRuntime, SwapCollector
-    from flexinfer.runtime.localconfig import load_local_config
+    from flexinfer.runtime.localconfig import load_local_config, load_peers
+    from flexinfer.runtime.peers import PeeredInventory, peer_views
     from flexinfer.runtime.reload import ConfigWatcher, ReloadAdmin, ReloadCollector, file_digest
 
     load = ProxyLoad()
     digest = file_digest(config)  # before the load: a change made meanwhile is seen by the first poll
     runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
     watcher = ConfigWatcher(config, runtime, load_checked, interval=watch_interval, digest=digest)
-    handler = ProxyHandler(runtime, settings, scaler=runtime,
+    peers = peer_views(load_peers(config))  # remote models (docs/tls.md); read at start, not reloaded
+    inventory = PeeredInventory(runtime, peers) if peers else runtime
+    handler = ProxyHandler(inventory, settings, scaler=runtime,
                            admin=ReloadAdmin(LocalAdmin(runtime, load, totals=load), watcher))
     load.bind(handler)
     handler.metrics.registry.register(SwapCollector(runtime))

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import select
+import ssl
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import Protocol, cast
 
 import httptools
 
@@ -40,6 +41,8 @@ from flexinfer.settings import UpstreamSettings
 
 __all__ = [
     "HOP_BY_HOP",
+    "KeyedPool",
+    "Link",
     "Pools",
     "UpstreamConnectError",
     "UpstreamError",
@@ -47,6 +50,7 @@ __all__ = [
     "UpstreamResponse",
     "UpstreamTimeout",
     "serialize_request",
+    "tls_context",
 ]
 
 
@@ -422,10 +426,40 @@ class _Conn(asyncio.Protocol):
             self.transport.resume_reading()
 
 
-class UpstreamPool:
-    """Keep-alive pool for one backend (host, port)."""
+class Link(Protocol):
+    """What a pool reads of :class:`flexinfer.runtime.base.UpstreamLink` (TLS and a peer's key)."""
 
-    def __init__(self, host: str, port: int, settings: UpstreamSettings) -> None:
+    @property
+    def tls(self) -> bool: ...
+    @property
+    def server_hostname(self) -> str | None: ...
+    @property
+    def ca_file(self) -> str | None: ...
+    @property
+    def insecure_skip_verify(self) -> bool: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def path_prefix(self) -> str: ...
+
+
+def tls_context(ca_file: str | None = None, insecure_skip_verify: bool = False) -> ssl.SSLContext:
+    """The client context of a TLS upstream: the system CAs (or ``ca_file``), hostname checked, TLS 1.2
+    or newer, HTTP/1.1 offered by ALPN; ``insecure_skip_verify``: no verification at all (tests)."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    if insecure_skip_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class UpstreamPool:
+    """Keep-alive pool for one backend (host, port); over TLS when ``ssl_context`` is given."""
+
+    def __init__(self, host: str, port: int, settings: UpstreamSettings,
+                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.host = host
         self.port = port
         self._settings = settings
@@ -436,6 +470,12 @@ class UpstreamPool:
         self._host_line = b"host: " + hp.encode("idna") + b"\r\n"
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._closed = False
+        self._ssl = ssl_context
+        self._sni = (server_hostname or host) if ssl_context is not None else None
+        if ssl_context is not None:
+            self._name = "https://" + hp
+            if port == 443:
+                self._host_line = b"host: " + (f"[{host}]" if ":" in host else host).encode("idna") + b"\r\n"
 
     @property
     def idle(self) -> int:
@@ -514,10 +554,15 @@ class UpstreamPool:
             raise UpstreamError("pool closed", reason="closed", sent=sent)
         try:
             async with asyncio.timeout(self._settings.connect_timeout):
-                _, proto = await loop.create_connection(lambda: _Conn(self, loop), self.host, self.port)
+                _, proto = await loop.create_connection(lambda: _Conn(self, loop), self.host, self.port,
+                                                        ssl=self._ssl, server_hostname=self._sni)
         except TimeoutError:
             err: UpstreamError = UpstreamConnectError(f"connect to {self._name} timed out",
                                                       reason="connect_timeout")
+        except ssl.SSLError as exc:  # handshake: bad certificate, wrong name, no common protocol
+            err = UpstreamConnectError(f"TLS handshake with {self._name} failed: "
+                                       f"{getattr(exc, 'verify_message', None) or exc.reason or exc}",
+                                       reason="tls_handshake")
         except OSError as exc:
             err = UpstreamConnectError(f"connect to {self._name} failed: {exc.strerror or exc}",
                                        reason="connect_refused")
@@ -577,12 +622,35 @@ class UpstreamPool:
         await asyncio.sleep(0)
 
 
+class KeyedPool(UpstreamPool):
+    """A peer's pool: its requests carry its own ``Authorization: Bearer`` (the peer's API key; the
+    client's Authorization and Proxy-Authorization are then dropped, never forwarded) and/or go under
+    the peer's base path (``path_prefix``)."""
+
+    def __init__(self, host: str, port: int, settings: UpstreamSettings, api_key: str | None,
+                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None,
+                 path_prefix: str = "") -> None:
+        super().__init__(host, port, settings, ssl_context, server_hostname)
+        self._auth = (b"authorization", b"Bearer " + api_key.encode("latin-1")) if api_key else None
+        self._prefix = path_prefix
+
+    async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                      *, response_timeout: float | None = None,
+                      on_head: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
+        if self._auth is not None:
+            headers = [(k, v) for k, v in headers if k != b"authorization" and k != b"proxy-authorization"]
+            headers.append(self._auth)
+        return await super().request(method, self._prefix + path, headers, body,
+                                     response_timeout=response_timeout, on_head=on_head)
+
+
 class Pools:
-    """(host, port) -> UpstreamPool."""
+    """(host, port) -> UpstreamPool; (host, port, link) -> a TLS and/or keyed pool."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
         self._settings = settings
         self._pools: dict[tuple[str, int], UpstreamPool] = {}
+        self._linked: dict[tuple[str, int, Link], UpstreamPool] = {}
 
     def get(self, host: str, port: int) -> UpstreamPool:
         pool = self._pools.get((host, port))
@@ -590,11 +658,34 @@ class Pools:
             pool = self._pools[(host, port)] = UpstreamPool(host, port, self._settings)
         return pool
 
+    def get_linked(self, host: str, port: int, link: Link) -> UpstreamPool:
+        """The pool of an endpoint with a :class:`Link` (https and/or an API key); its SSL context is
+        made once, with the pool. Raises ``UpstreamConnectError`` when ``ca_file`` cannot be read."""
+        key = (host, port, link)
+        pool = self._linked.get(key)
+        if pool is None:
+            ctx = None
+            if link.tls:
+                try:
+                    ctx = tls_context(link.ca_file, link.insecure_skip_verify)
+                except (OSError, ssl.SSLError) as exc:
+                    raise UpstreamConnectError(f"TLS settings of {host}:{port}: ca_file {link.ca_file!r}: "
+                                               f"{getattr(exc, 'strerror', None) or exc}",
+                                               reason="tls_config") from None
+            if link.api_key or link.path_prefix:
+                pool = KeyedPool(host, port, self._settings, link.api_key, ctx, link.server_hostname,
+                                 link.path_prefix)
+            else:
+                pool = UpstreamPool(host, port, self._settings, ctx, link.server_hostname)
+            self._linked[key] = pool
+        return pool
+
     def __iter__(self) -> Iterator[UpstreamPool]:
-        return iter(list(self._pools.values()))
+        return iter([*self._pools.values(), *self._linked.values()])
 
     async def close_all(self) -> None:
-        pools = list(self._pools.values())
+        pools = [*self._pools.values(), *self._linked.values()]
         self._pools.clear()
+        self._linked.clear()
         for pool in pools:
             await pool.close()

@@ -133,7 +133,11 @@ class Forwarder:
             raise errors.ServiceUnavailable(
                 f"model {view.name!r} has no reachable replica", retry_after=1) from None
         self._decided(req, view, ep, strategy, source)
-        pool = self.pools.get(ep.host, ep.port)
+        link = ep.link  # None: plain http, keyed by (host, port) as before
+        try:
+            pool = self.pools.get(ep.host, ep.port) if link is None else self.pools.get_linked(ep.host, ep.port, link)
+        except UpstreamConnectError as exc:  # an unreadable ca_file: the replica cannot be dialled
+            raise _map_upstream(exc, view) from None
         self.router.acquire(ep)
         if self.tracer is not None:  # the upstream span; its traceparent goes upstream
             self.tracer.send(req, view, data, ep, headers)

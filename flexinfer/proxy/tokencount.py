@@ -61,8 +61,9 @@ class TokenCounter:
         ep = view.endpoints[0]
         try:
             async with asyncio.timeout(self.timeout):
-                up = await self.pools.get(ep.host, ep.port).request("POST", "/tokenize", _HEADERS, body,
-                                                                    response_timeout=self.timeout)
+                pool = (self.pools.get(ep.host, ep.port) if ep.link is None
+                        else self.pools.get_linked(ep.host, ep.port, ep.link))
+                up = await pool.request("POST", "/tokenize", _HEADERS, body, response_timeout=self.timeout)
                 try:
                     raw = await up.read_all(MAX_ANSWER)
                 finally:

@@ -21,6 +21,21 @@ ENDPOINT_ROLES = ("prefill", "decode", "both")
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamLink:
+    """How an endpoint that is not plain keyless HTTP is dialled (docs/tls.md): TLS (verified against
+    the system CAs, or ``ca_file``; ``insecure_skip_verify`` for tests only) with SNI and certificate
+    name ``server_hostname``, and a peer's API key sent as ``Authorization: Bearer`` instead of the
+    client's own Authorization. Hashable: it is part of the pool key."""
+
+    tls: bool = True
+    server_hostname: str | None = None  # None: the endpoint's host
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    api_key: str | None = field(default=None, repr=False)
+    path_prefix: str = ""  # a peer's base path (``https://host/api``): put before every request path
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """One replica of a model: an address the proxy may dial (never derived from user input)."""
 
@@ -28,6 +43,12 @@ class Endpoint:
     port: int
     role: str = "both"  # one of ENDPOINT_ROLES: "prefill" or "decode" only in a disaggregated model
     key: str = field(init=False, compare=False, repr=False)  # "host:port", computed once
+    #: None: plain HTTP, no credentials (the pool key stays (host, port)); see UpstreamLink
+    link: UpstreamLink | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.link is not None and self.link.tls else "http"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", f"{self.host}:{self.port}")
@@ -35,23 +56,35 @@ class Endpoint:
             raise ValueError(f"endpoint role {self.role!r} must be one of {', '.join(ENDPOINT_ROLES)}")
 
     @classmethod
-    def parse(cls, url: str, role: str = "both") -> Endpoint:
-        """``http://host:port`` or ``host:port`` -> Endpoint. Only plain HTTP is spoken upstream."""
+    def parse(cls, url: str, role: str = "both", *, ca_file: str | None = None,
+              insecure_skip_verify: bool = False, api_key: str | None = None,
+              path_prefix: str = "") -> Endpoint:
+        """``http://host:port``, ``host:port`` or ``https://host[:port]`` (port 443 by default) ->
+        Endpoint. ``ca_file``/``insecure_skip_verify`` apply to https only; ``api_key`` to both."""
         s = url.strip()
+        tls = False
         if s.startswith("http://"):
             s = s[7:]
+        elif s.startswith("https://"):
+            s, tls = s[8:], True
         elif "://" in s:
-            raise ValueError(f"unsupported endpoint scheme in {url!r} (only http:// is supported)")
+            raise ValueError(f"unsupported endpoint scheme in {url!r} (http:// or https://)")
         s = s.rstrip("/")
         if "/" in s:
             raise ValueError(f"endpoint {url!r} must not contain a path")
+        if tls and (s.endswith("]") or (":" not in s)):
+            s += ":443"
         if s.startswith("["):  # [v6]:port
             host, _, port = s[1:].partition("]:")
         else:
             host, _, port = s.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"endpoint {url!r} must look like http://host:port")
-        return cls(host, int(port), role)
+            raise ValueError(f"endpoint {url!r} must look like http://host:port or https://host[:port]")
+        link = None
+        if tls or api_key or path_prefix:
+            link = UpstreamLink(tls, host if tls else None, ca_file if tls else None,
+                                insecure_skip_verify and tls, api_key or None, path_prefix)
+        return cls(host, int(port), role, link=link)
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ from prometheus_client.registry import Collector
 
 from flexinfer.api.common import SpecError
 from flexinfer.api.federation import FederatedModel, FederatedRouting, GlobalProxy, GlobalProxySpec
-from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase
+from flexinfer.http.client import tls_context
+from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase, UpstreamLink
 
 __all__ = ["FAIL_THRESHOLD", "GlobalConfig", "GlobalConfigError", "GlobalRuntime", "Member", "empty_config", "load_global",
            "parse_global"]
@@ -98,7 +100,7 @@ def parse_global(docs: Iterable[Any], where: str = "GlobalProxy", *, strict: boo
     gp = proxies[0]
     for c in gp.spec.clusters if strict else ():
         try:
-            _endpoint(c.endpoint)  # fail early on a URL the upstream client cannot dial
+            _endpoint(c.endpoint, gp.spec.insecure_skip_verify)  # fail early on a URL the client cannot dial
         except ValueError as exc:
             raise GlobalConfigError(f"{where}: cluster {c.name!r}: {exc}") from None
     return GlobalConfig(gp.meta.name, gp.spec, routing, gp.meta.generation or None)
@@ -116,11 +118,10 @@ def load_global(path: str) -> GlobalConfig:
         raise GlobalConfigError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from None
 
 
-def _endpoint(url: str) -> Endpoint:
-    if url.startswith("https://"):
-        raise GlobalConfigError(f"cluster endpoint {url!r}: https towards the clusters is not supported yet "
-                                "(use http:// inside a mesh or a TLS sidecar)")
-    return Endpoint.parse(url)
+def _endpoint(url: str, insecure_skip_verify: bool = False) -> Endpoint:
+    """A member's endpoint: ``https://`` is verified against the system CAs (``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR`` name others), unless ``spec.tls.insecureSkipVerify``; ``tls.secretRef`` is not read."""
+    return Endpoint.parse(url, insecure_skip_verify=insecure_skip_verify)
 
 
 @dataclass(slots=True)
@@ -143,11 +144,13 @@ class Member:
     transitions: int = 0
 
 
-async def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes]:
+async def http_get(host: str, port: int, path: str, timeout: float,
+                   ssl_context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
     """One ``GET`` on a fresh connection (Connection: close; the body read by its Content-Length,
-    chunks, or to EOF). ConnectionRefusedError on a refusal; TimeoutError past ``timeout``."""
+    chunks, or to EOF), over TLS with ``ssl_context``. ConnectionRefusedError on a refusal;
+    TimeoutError past ``timeout``; ssl.SSLError (an OSError) on a failed handshake."""
     async with asyncio.timeout(timeout):
-        r, w = await asyncio.open_connection(host, port, limit=MAX_PROBE_BODY)
+        r, w = await asyncio.open_connection(host, port, limit=MAX_PROBE_BODY, ssl=ssl_context)
         try:
             w.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
                     "User-Agent: flexinfer-global-proxy\r\n\r\n".encode("latin-1"))
@@ -198,6 +201,7 @@ class GlobalRuntime(StaticInventoryBase):
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
         self.on_round: list[Callable[[], Any]] = []
+        self._contexts: dict[UpstreamLink, ssl.SSLContext] = {}
         self.configure(config)
 
     # -- configuration ---------------------------------------------------------------------------
@@ -208,7 +212,7 @@ class GlobalRuntime(StaticInventoryBase):
         members: dict[str, Member] = {}
         for c in config.spec.clusters:
             try:
-                ep: Endpoint | None = _endpoint(c.endpoint)
+                ep: Endpoint | None = _endpoint(c.endpoint, config.spec.insecure_skip_verify)
                 err = ""
             except ValueError as exc:
                 ep, err = None, str(exc)
@@ -254,11 +258,13 @@ class GlobalRuntime(StaticInventoryBase):
         spec = self.config.spec
         t0 = self._clock()
         try:
-            status, _ = await http_get(m.endpoint.host, m.endpoint.port, spec.probe_path, spec.probe_timeout_s)
+            ctx = self._tls(m.endpoint)
+            status, _ = await http_get(m.endpoint.host, m.endpoint.port, spec.probe_path, spec.probe_timeout_s, ctx)
             rtt = self._clock() - t0
             if not 200 <= status < 300:
                 raise ValueError(f"probe {spec.probe_path} answered {status}")
-            status, body = await http_get(m.endpoint.host, m.endpoint.port, "/v1/models", spec.probe_timeout_s)
+            status, body = await http_get(m.endpoint.host, m.endpoint.port, "/v1/models", spec.probe_timeout_s,
+                                          ctx)
             if status != 200:
                 raise ValueError(f"/v1/models answered {status}")
             data = orjson.loads(body).get("data") or []
@@ -279,6 +285,16 @@ class GlobalRuntime(StaticInventoryBase):
         if not m.ready:
             m.ready, m.transitions = True, m.transitions + 1
             log.warning("global proxy: cluster %s (%s) is back", m.name, m.url)
+
+    def _tls(self, ep: Endpoint) -> ssl.SSLContext | None:
+        """The probes' TLS context of an https member (made once per link), or None."""
+        link = ep.link
+        if link is None or not link.tls:
+            return None
+        ctx = self._contexts.get(link)
+        if ctx is None:
+            ctx = self._contexts[link] = tls_context(link.ca_file, link.insecure_skip_verify)
+        return ctx
 
     def _failed(self, m: Member, why: str, *, at_once: bool = False) -> None:
         m.probes_failed += 1

@@ -66,6 +66,7 @@ from flexinfer.runtime.configfile import (
     unescape,
     user_macros,
 )
+from flexinfer.runtime.peers import split_url
 from flexinfer.runtime.static import MacroValue, Routing, check_routing, check_unique_names, read_models_file
 
 BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON"})
@@ -176,6 +177,23 @@ class Hooks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     on_startup: StartupHooks | None = None
 
 
+class Peer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A remote OpenAI-compatible server whose models serve forwards to (llama-swap's ``peers``)."""
+
+    proxy: Annotated[str, msgspec.Meta(
+        description="the peer's base URL: https://host[:port][/path] (or http://); the request path is "
+                    "appended")]
+    models: Annotated[list[Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]], msgspec.Meta(
+        min_length=1, description="model names served by the peer (listed in /v1/models)")]
+    api_key: Annotated[str | None, msgspec.Meta(
+        description="sent as Authorization: Bearer to the peer (e.g. ${env.KEY}); the client's own "
+                    "Authorization is never forwarded to a peer")] = None
+    ca_file: Annotated[str | None, msgspec.Meta(
+        description="https: PEM file of the CAs to trust instead of the system ones")] = None
+    insecure_skip_verify: Annotated[bool, msgspec.Meta(
+        description="https: skip certificate verification (testing only)")] = False
+
+
 class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The local runtime's models (`flexinfer serve -c FILE`)."""
 
@@ -187,6 +205,8 @@ class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     groups: Annotated[dict[str, GroupSettings], msgspec.Meta(
         description="per group name (a model's group:): exclusive, persistent")] = {}
     hooks: Hooks | None = None
+    peers: Annotated[dict[str, Peer], msgspec.Meta(
+        description="remote servers by name: their models are forwarded to them (docs/tls.md)")] = {}
 
 
 class _Top(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -195,6 +215,7 @@ class _Top(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     macros: dict[str, MacroValue] = {}
     groups: dict[str, Any] = {}  # each converted on its own: an error names the group and its line
     hooks: Hooks | None = None
+    peers: dict[str, Any] = {}  # each converted on its own, after its macros are expanded
 
 
 def local_schema() -> dict[str, Any]:
@@ -353,8 +374,59 @@ def _load(path: str) -> tuple[Source, list[tuple[int, LocalModelSpec]]]:
     src.raise_problems()
     check_unique_names(src, [(i, s.name, s.aliases) for i, s in out])
     out = _groups_and_hooks(src, top, out)
+    _peers(src, top, macros, {n for _, s in out for n in (s.name, *s.aliases)})
     src.raise_problems()
     return src, out
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSpec:
+    """One entry of ``peers:``, macros expanded (see :class:`Peer`)."""
+
+    name: str
+    proxy: str
+    models: tuple[str, ...]
+    api_key: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+
+
+def _peers(src: Source, top: _Top, macros: dict[str, str], local: set[str]) -> list[PeerSpec]:
+    """``peers:``: typed, macros (``${env.KEY}``) expanded, a URL the upstream client can dial, model
+    names unique against the local models and the other peers."""
+    out: list[PeerSpec] = []
+    seen: dict[str, str] = {}
+    for name, raw in top.peers.items():
+        path: Path = ("peers", name)
+        if isinstance(raw, Mapping):
+            raw = {k: (unescape(expand_tree(src, v, (*path, str(k)), macros.get, frozenset(),
+                                            (BUILTIN_MACROS, "is filled in only in cmd and args")))
+                       if k in Peer.__struct_fields__ else v) for k, v in raw.items()}
+        p = convert(src, raw if raw is not None else {}, Peer, path)
+        if p is None:
+            continue
+        try:
+            split_url(p.proxy)
+        except ValueError as exc:
+            src.error((*path, "proxy"), str(exc))
+            continue
+        for j, m in enumerate(p.models):
+            other = seen.get(m) or ("a local model" if m in local else None)
+            if other is not None:
+                src.error((*path, "models", j), f"model {m!r} is also served by {other}")
+            seen[m] = f"peer {name!r}"
+        out.append(PeerSpec(name, p.proxy, tuple(p.models), p.api_key or None, p.ca_file, p.insecure_skip_verify))
+    return out
+
+
+def load_peers(path: str) -> list[PeerSpec]:
+    """``peers:`` of the file (raises :class:`InventoryConfigError` with every problem of the file)."""
+    src, top = read_models_file(path, _Top)
+    macros = user_macros(src, top.macros, BUILTIN_MACROS)
+    names = {n for s in load_local_config(path) for n in (s.name, *s.aliases)}
+    peers = _peers(src, top, macros, names)
+    src.raise_problems()
+    return peers
 
 
 def _groups_and_hooks(src: Source, top: _Top, out: list[tuple[int, LocalModelSpec]]

@@ -62,8 +62,14 @@ MacroValue = str | int | float
 class EndpointSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One replica with its prefill/decode role (docs/disaggregation.md)."""
 
-    url: Annotated[str, msgspec.Meta(description="http://host:port")]
+    url: Annotated[str, msgspec.Meta(description="http://host:port or https://host[:port] (TLS, docs/tls.md)")]
     role: Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ENDPOINT_ROLES)})] = "both"
+    ca_file: Annotated[str | None, msgspec.Meta(
+        description="https: PEM file of the CAs to trust instead of the system ones")] = None
+    insecure_skip_verify: Annotated[bool, msgspec.Meta(
+        description="https: skip certificate verification (testing only)")] = False
+    api_key: Annotated[str | None, msgspec.Meta(
+        description="sent upstream as Authorization: Bearer (the client's own is then never forwarded)")] = None
 
 
 Endpoints = str | EndpointSpec | list[str | EndpointSpec]
@@ -122,6 +128,10 @@ def _endpoints(src: Source, path: Path, value: Endpoints | None) -> tuple[Endpoi
     for i, item in enumerate(items):
         at: Path = (*path, i) if isinstance(value, list) else path
         url, role = (item.url, item.role) if isinstance(item, EndpointSpec) else (item, "both")
+        tls: dict[str, Any] = {}
+        if isinstance(item, EndpointSpec):
+            tls = {"ca_file": item.ca_file, "insecure_skip_verify": item.insecure_skip_verify,
+                   "api_key": item.api_key}
         if not url:
             src.error(at, "url must be a non-empty string")
             continue
@@ -129,7 +139,7 @@ def _endpoints(src: Source, path: Path, value: Endpoints | None) -> tuple[Endpoi
             src.error((*at, "role"), f"must be one of {', '.join(ENDPOINT_ROLES)}, not {role!r}{suggest(role, ENDPOINT_ROLES)}")
             continue
         try:
-            out.append(Endpoint.parse(url, role))
+            out.append(Endpoint.parse(url, role, **tls))
         except ValueError as exc:
             src.error(at, str(exc))
     return tuple(out)
