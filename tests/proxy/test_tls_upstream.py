@@ -1,0 +1,124 @@
+"""TLS upstreams end to end (docs/tls.md): the real ``openai`` client through real ``flexinfer proxy``
+and ``flexinfer serve`` processes to the stub engine behind ssl (certificates made by
+tests/tls/certs.py): an https endpoint with ``ca_file`` in the static config, and a ``peers:`` entry
+with an API key in serve's config. Answers, streaming, N requests over one TLS connection, a wrong CA
+as an OpenAI-shaped 503 without a traceback, and the peer getting its key, never the client's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.harness import LoopThread, free_port, wait_port
+from tests.proxy._procs import ROOT, env, stop
+from tests.stub_engine import StubEngine
+from tests.tls.certs import Certs, make_certs
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def tls_stub(certs: Certs) -> Iterator[StubEngine]:
+    lt = LoopThread()
+    stub = lt.run(StubEngine().start(ssl=certs.server_context()))
+    try:
+        yield stub
+    finally:
+        lt.run(stub.stop())
+        lt.loop.call_soon_threadsafe(lt.loop.stop)
+        lt.thread.join(5)
+        lt.loop.close()
+
+
+@contextmanager
+def flexinfer(tmp: Path, *args: str, **extra_env: str) -> Iterator[tuple[str, Path]]:
+    """A real ``flexinfer`` process on a free port: (base URL, its stderr file)."""
+    port = free_port()
+    err = tmp / f"stderr-{port}.txt"
+    with err.open("wb") as f:
+        p = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", *args,
+                              "--port", str(port)], cwd=ROOT, env=env(**extra_env), stderr=f,
+                             stdout=subprocess.DEVNULL)
+        try:
+            wait_port(port, timeout=30)
+            yield f"http://127.0.0.1:{port}/v1", err
+        finally:
+            stop(p)
+    assert p.returncode == 0, err.read_text()
+
+
+def check_answers(base: str, model: str, stub: StubEngine, key: str = "client-key") -> openai.OpenAI:
+    c = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+    out = c.chat.completions.create(model=model, messages=MSGS)  # type: ignore[arg-type]
+    assert out.choices[0].message.content == "hello from stub"
+    stream = c.chat.completions.create(model=model, messages=MSGS, stream=True,  # type: ignore[arg-type]
+                                       extra_headers={"x-stub-chunks": "3"})
+    assert [ch.choices[0].delta.content for ch in stream if ch.choices] == ["", "tok0 ", "tok1 ", "tok2 ", None]
+    for _ in range(8):
+        c.chat.completions.create(model=model, messages=MSGS)  # type: ignore[arg-type]
+    assert len(stub.requests) == 10
+    assert stub.connections_total == 1  # 10 requests, one TLS connection kept alive by the proxy's pool
+    return c
+
+
+def check_wrong_ca(c: openai.OpenAI, model: str, err: Path) -> None:
+    with pytest.raises(openai.APIStatusError) as ei:
+        c.chat.completions.create(model=model, messages=MSGS)  # type: ignore[arg-type]
+    assert ei.value.status_code == 503
+    body = ei.value.body
+    assert isinstance(body, dict) and body["code"] == "upstream_unavailable"
+    assert "tls_handshake" in body["message"]
+    assert "Traceback" not in err.read_text()
+
+
+def test_proxy_https_endpoint_with_ca_file(tmp_path: Path, certs: Certs, tls_stub: StubEngine) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"""models:
+  - name: secure
+    endpoints: [{{url: "https://localhost:{tls_stub.port}", ca_file: "{certs.ca}"}}]
+  - name: wrong-ca
+    endpoints: [{{url: "https://127.0.0.1:{tls_stub.port}", ca_file: "{certs.other_ca}"}}]
+""")
+    with flexinfer(tmp_path, "proxy", "-c", str(inv), "--workers", "1") as (base, err):
+        c = check_answers(base, "secure", tls_stub)
+        assert tls_stub.requests[0].headers["authorization"] == "Bearer client-key"  # no api_key: as sent
+        check_wrong_ca(c, "wrong-ca", err)
+        assert len(tls_stub.requests) == 10  # the refused handshake sent nothing
+
+
+def test_serve_peer_over_tls_with_its_api_key(tmp_path: Path, certs: Certs, tls_stub: StubEngine) -> None:
+    cfg = tmp_path / "local.yaml"
+    cfg.write_text(f"""models:
+  - name: local-one   # never started here
+    cmd: ${{PYTHON}} -m tests.stub_engine --port ${{PORT}}
+peers:
+  remote:
+    proxy: https://localhost:{tls_stub.port}/
+    api_key: ${{env.PEER_KEY}}
+    ca_file: {certs.ca}
+    models: [peer-a, peer-b]
+  broken:
+    proxy: https://127.0.0.1:{tls_stub.port}
+    api_key: other
+    ca_file: {certs.other_ca}
+    models: [peer-bad]
+""")
+    with flexinfer(tmp_path, "serve", "-c", str(cfg), "--watch-interval", "0", PEER_KEY="sk-peer") as (base, err):
+        c = check_answers(base, "peer-a", tls_stub)
+        ids = [m.id for m in c.models.list()]
+        assert {"local-one", "peer-a", "peer-b", "peer-bad"} <= set(ids)
+        for r in tls_stub.requests:  # the peer's key on every request, the client's never
+            assert [v for k, v in r.raw_headers if k.lower() == b"authorization"] == [b"Bearer sk-peer"]
+            assert b"client-key" not in b"".join(v for _, v in r.raw_headers)
+        check_wrong_ca(c, "peer-bad", err)
