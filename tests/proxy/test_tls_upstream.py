@@ -122,3 +122,35 @@ peers:
             assert [v for k, v in r.raw_headers if k.lower() == b"authorization"] == [b"Bearer sk-peer"]
             assert b"client-key" not in b"".join(v for _, v in r.raw_headers)
         check_wrong_ca(c, "peer-bad", err)
+
+
+def global_file(tmp: Path, port: int, skip_verify: bool) -> Path:
+    tls = "  tls: {insecureSkipVerify: true}\n" if skip_verify else ""
+    path = tmp / f"global-{skip_verify}.yaml"
+    path.write_text(f"""apiVersion: ai.flexinfer/v1alpha2
+kind: GlobalProxy
+metadata: {{name: global}}
+spec:
+  strategy: RoundRobin
+{tls}  clusters:
+    - name: c0
+      endpoint: https://localhost:{port}
+  probe: {{path: /health, timeout: 2s, interval: 200ms}}
+""")
+    return path
+
+
+@pytest.mark.parametrize("skip_verify", [False, True])
+def test_global_proxy_https_member(tmp_path: Path, certs: Certs, tls_stub: StubEngine, skip_verify: bool) -> None:
+    """An https member proxy (here the stub behind TLS answers as one): verified against
+    ``SSL_CERT_FILE`` (the system-CA path override), or ``tls.insecureSkipVerify`` with no CA at all;
+    probes and requests both go over TLS."""
+    extra = {} if skip_verify else {"SSL_CERT_FILE": str(certs.ca)}
+    gp = global_file(tmp_path, tls_stub.port, skip_verify)
+    with flexinfer(tmp_path, "proxy", "--global", str(gp), **extra) as (base, err):
+        c = openai.OpenAI(base_url=base, api_key="k", max_retries=2)  # retries: the first probe round
+        out = c.chat.completions.create(model="stub", messages=MSGS)  # type: ignore[arg-type]
+        assert out.choices[0].message.content == "hello from stub"
+        assert any(r.path == "/v1/chat/completions" for r in tls_stub.requests)
+        assert any(r.path == "/health" for r in tls_stub.requests)  # the probe went over TLS too
+        assert "Traceback" not in err.read_text()
