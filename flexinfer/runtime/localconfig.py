@@ -71,6 +71,8 @@ from flexinfer.runtime.static import MacroValue, Routing, check_routing, check_u
 
 BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON"})
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@+\-]{0,126}"
+#: what the proxy accepts as a model name (flexinfer.proxy.extract), "/" included: org/model at a peer
+PEER_MODEL_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._:/@+\-]{0,254}[A-Za-z0-9])?$"
 BACKENDS = ("command", "llamacpp")
 _COMMAND_KEYS = ("cmd", "command", "args")
 _BACKEND_ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp"}
@@ -183,7 +185,7 @@ class Peer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     proxy: Annotated[str, msgspec.Meta(
         description="the peer's base URL: https://host[:port][/path] (or http://); the request path is "
                     "appended")]
-    models: Annotated[list[Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]], msgspec.Meta(
+    models: Annotated[list[Annotated[str, msgspec.Meta(pattern=PEER_MODEL_PATTERN)]], msgspec.Meta(
         min_length=1, description="model names served by the peer (listed in /v1/models)")]
     api_key: Annotated[str | None, msgspec.Meta(
         description="sent as Authorization: Bearer to the peer (e.g. ${env.KEY}); the client's own "

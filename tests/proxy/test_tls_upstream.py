@@ -14,13 +14,14 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.harness import LoopThread, free_port, wait_port
 from tests.proxy._procs import ROOT, env, stop
 from tests.stub_engine import StubEngine
 from tests.tls.certs import Certs, make_certs
 
-MSGS = [{"role": "user", "content": "hi"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +61,13 @@ def flexinfer(tmp: Path, *args: str, **extra_env: str) -> Iterator[tuple[str, Pa
 
 def check_answers(base: str, model: str, stub: StubEngine, key: str = "client-key") -> openai.OpenAI:
     c = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
-    out = c.chat.completions.create(model=model, messages=MSGS)  # type: ignore[arg-type]
+    out = c.chat.completions.create(model=model, messages=MSGS)
     assert out.choices[0].message.content == "hello from stub"
-    stream = c.chat.completions.create(model=model, messages=MSGS, stream=True,  # type: ignore[arg-type]
+    stream = c.chat.completions.create(model=model, messages=MSGS, stream=True,
                                        extra_headers={"x-stub-chunks": "3"})
     assert [ch.choices[0].delta.content for ch in stream if ch.choices] == ["", "tok0 ", "tok1 ", "tok2 ", None]
     for _ in range(8):
-        c.chat.completions.create(model=model, messages=MSGS)  # type: ignore[arg-type]
+        c.chat.completions.create(model=model, messages=MSGS)
     assert len(stub.requests) == 10
     assert stub.connections_total == 1  # 10 requests, one TLS connection kept alive by the proxy's pool
     return c
@@ -74,7 +75,7 @@ def check_answers(base: str, model: str, stub: StubEngine, key: str = "client-ke
 
 def check_wrong_ca(c: openai.OpenAI, model: str, err: Path) -> None:
     with pytest.raises(openai.APIStatusError) as ei:
-        c.chat.completions.create(model=model, messages=MSGS)  # type: ignore[arg-type]
+        c.chat.completions.create(model=model, messages=MSGS)
     assert ei.value.status_code == 503
     body = ei.value.body
     assert isinstance(body, dict) and body["code"] == "upstream_unavailable"
@@ -149,7 +150,7 @@ def test_global_proxy_https_member(tmp_path: Path, certs: Certs, tls_stub: StubE
     gp = global_file(tmp_path, tls_stub.port, skip_verify)
     with flexinfer(tmp_path, "proxy", "--global", str(gp), **extra) as (base, err):
         c = openai.OpenAI(base_url=base, api_key="k", max_retries=2)  # retries: the first probe round
-        out = c.chat.completions.create(model="stub", messages=MSGS)  # type: ignore[arg-type]
+        out = c.chat.completions.create(model="stub", messages=MSGS)
         assert out.choices[0].message.content == "hello from stub"
         assert any(r.path == "/v1/chat/completions" for r in tls_stub.requests)
         assert any(r.path == "/health" for r in tls_stub.requests)  # the probe went over TLS too
