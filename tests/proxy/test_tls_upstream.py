@@ -90,12 +90,20 @@ def test_proxy_https_endpoint_with_ca_file(tmp_path: Path, certs: Certs, tls_stu
     endpoints: [{{url: "https://localhost:{tls_stub.port}", ca_file: "{certs.ca}"}}]
   - name: wrong-ca
     endpoints: [{{url: "https://127.0.0.1:{tls_stub.port}", ca_file: "{certs.other_ca}"}}]
+  - name: mixed    # a replica whose handshake fails, and a good one: retried there, never a client error
+    routing: round-robin
+    endpoints: [{{url: "https://127.0.0.1:{tls_stub.port}", ca_file: "{certs.other_ca}"}},
+                {{url: "https://localhost:{tls_stub.port}", ca_file: "{certs.ca}"}}]  # another key
 """)
     with flexinfer(tmp_path, "proxy", "-c", str(inv), "--workers", "1") as (base, err):
         c = check_answers(base, "secure", tls_stub)
         assert tls_stub.requests[0].headers["authorization"] == "Bearer client-key"  # no api_key: as sent
         check_wrong_ca(c, "wrong-ca", err)
         assert len(tls_stub.requests) == 10  # the refused handshake sent nothing
+        for _ in range(4):
+            out = c.chat.completions.create(model="mixed", messages=MSGS)
+            assert out.choices[0].message.content == "hello from stub"
+        assert len(tls_stub.requests) == 14  # each once, at the good replica
 
 
 def test_serve_peer_over_tls_with_its_api_key(tmp_path: Path, certs: Certs, tls_stub: StubEngine) -> None:
