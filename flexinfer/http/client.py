@@ -1,7 +1,8 @@
 """The connection side of the upstream (backend) client: per-backend keep-alive pools and the
 httptools response parser.
 
-Owns: :class:`UpstreamPool` / :class:`Pools` (connect with a timeout, LIFO reuse, idle expiry below
+Owns: :class:`UpstreamPool` / :class:`Pools` (connect with a timeout, over TLS for a pool given an
+SSL context (``Pools.get_linked``, flexinfer.http.tls; plain pools keyed and dialled as before), LIFO reuse, idle expiry below
 the backends' keep-alive, a pending EOF/RST/byte check (one poll(2)) before reusing a connection that
 idled ``pool_check_after`` or longer — a keep-alive close comes after seconds of idleness, and one that
 arrived before the loop's last poll has already removed the connection — and
@@ -25,7 +26,7 @@ import asyncio
 import select
 import ssl
 from collections.abc import Callable, Iterator
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
@@ -39,10 +40,11 @@ from flexinfer.http.upstream import (
 )
 from flexinfer.settings import UpstreamSettings
 
+if TYPE_CHECKING:
+    from flexinfer.http.tls import Link
+
 __all__ = [
     "HOP_BY_HOP",
-    "KeyedPool",
-    "Link",
     "Pools",
     "UpstreamConnectError",
     "UpstreamError",
@@ -50,7 +52,6 @@ __all__ = [
     "UpstreamResponse",
     "UpstreamTimeout",
     "serialize_request",
-    "tls_context",
 ]
 
 
@@ -426,35 +427,6 @@ class _Conn(asyncio.Protocol):
             self.transport.resume_reading()
 
 
-class Link(Protocol):
-    """What a pool reads of :class:`flexinfer.runtime.base.UpstreamLink` (TLS and a peer's key)."""
-
-    @property
-    def tls(self) -> bool: ...
-    @property
-    def server_hostname(self) -> str | None: ...
-    @property
-    def ca_file(self) -> str | None: ...
-    @property
-    def insecure_skip_verify(self) -> bool: ...
-    @property
-    def api_key(self) -> str | None: ...
-    @property
-    def path_prefix(self) -> str: ...
-
-
-def tls_context(ca_file: str | None = None, insecure_skip_verify: bool = False) -> ssl.SSLContext:
-    """The client context of a TLS upstream: the system CAs (or ``ca_file``), hostname checked, TLS 1.2
-    or newer, HTTP/1.1 offered by ALPN; ``insecure_skip_verify``: no verification at all (tests)."""
-    ctx = ssl.create_default_context(cafile=ca_file)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
-    if insecure_skip_verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
 class UpstreamPool:
     """Keep-alive pool for one backend (host, port); over TLS when ``ssl_context`` is given."""
 
@@ -622,28 +594,6 @@ class UpstreamPool:
         await asyncio.sleep(0)
 
 
-class KeyedPool(UpstreamPool):
-    """A peer's pool: its requests carry its own ``Authorization: Bearer`` (the peer's API key; the
-    client's Authorization and Proxy-Authorization are then dropped, never forwarded) and/or go under
-    the peer's base path (``path_prefix``)."""
-
-    def __init__(self, host: str, port: int, settings: UpstreamSettings, api_key: str | None,
-                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None,
-                 path_prefix: str = "") -> None:
-        super().__init__(host, port, settings, ssl_context, server_hostname)
-        self._auth = (b"authorization", b"Bearer " + api_key.encode("latin-1")) if api_key else None
-        self._prefix = path_prefix
-
-    async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
-                      *, response_timeout: float | None = None,
-                      on_head: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
-        if self._auth is not None:
-            headers = [(k, v) for k, v in headers if k != b"authorization" and k != b"proxy-authorization"]
-            headers.append(self._auth)
-        return await super().request(method, self._prefix + path, headers, body,
-                                     response_timeout=response_timeout, on_head=on_head)
-
-
 class Pools:
     """(host, port) -> UpstreamPool; (host, port, link) -> a TLS and/or keyed pool."""
 
@@ -659,25 +609,14 @@ class Pools:
         return pool
 
     def get_linked(self, host: str, port: int, link: Link) -> UpstreamPool:
-        """The pool of an endpoint with a :class:`Link` (https and/or an API key); its SSL context is
-        made once, with the pool. Raises ``UpstreamConnectError`` when ``ca_file`` cannot be read."""
+        """The pool of an endpoint with a :class:`~flexinfer.http.tls.Link` (https and/or a peer's
+        key); raises ``UpstreamConnectError`` (``tls_config``) when its ``ca_file`` cannot be read."""
         key = (host, port, link)
         pool = self._linked.get(key)
         if pool is None:
-            ctx = None
-            if link.tls:
-                try:
-                    ctx = tls_context(link.ca_file, link.insecure_skip_verify)
-                except (OSError, ssl.SSLError) as exc:
-                    raise UpstreamConnectError(f"TLS settings of {host}:{port}: ca_file {link.ca_file!r}: "
-                                               f"{getattr(exc, 'strerror', None) or exc}",
-                                               reason="tls_config") from None
-            if link.api_key or link.path_prefix:
-                pool = KeyedPool(host, port, self._settings, link.api_key, ctx, link.server_hostname,
-                                 link.path_prefix)
-            else:
-                pool = UpstreamPool(host, port, self._settings, ctx, link.server_hostname)
-            self._linked[key] = pool
+            from flexinfer.http.tls import linked_pool  # once per pool: off the plain path
+
+            pool = self._linked[key] = linked_pool(host, port, self._settings, link)
         return pool
 
     def __iter__(self) -> Iterator[UpstreamPool]:

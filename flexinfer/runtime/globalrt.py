@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 
 from flexinfer.api.common import SpecError
 from flexinfer.api.federation import FederatedModel, FederatedRouting, GlobalProxy, GlobalProxySpec
-from flexinfer.http.client import tls_context
+from flexinfer.http.tls import tls_context
 from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase, UpstreamLink
 
 __all__ = ["FAIL_THRESHOLD", "GlobalConfig", "GlobalConfigError", "GlobalRuntime", "Member", "empty_config", "load_global",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flexinfer.http.client import KeyedPool, Pools, UpstreamConnectError, UpstreamPool
+from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamPool
+from flexinfer.http.tls import KeyedPool
 from flexinfer.runtime.base import Endpoint, UpstreamLink
 from flexinfer.settings import UpstreamSettings
 from tests.stub_engine import StubEngine

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,7 +145,7 @@ spec:
 {tls}  clusters:
     - name: c0
       endpoint: https://localhost:{port}
-  probe: {{path: /health, timeout: 2s, interval: 200ms}}
+  probe: {{path: /health, timeout: 5s, interval: 200ms}}
 """)
     return path
 
@@ -157,7 +158,11 @@ def test_global_proxy_https_member(tmp_path: Path, certs: Certs, tls_stub: StubE
     extra = {} if skip_verify else {"SSL_CERT_FILE": str(certs.ca)}
     gp = global_file(tmp_path, tls_stub.port, skip_verify)
     with flexinfer(tmp_path, "proxy", "--global", str(gp), **extra) as (base, err):
-        c = openai.OpenAI(base_url=base, api_key="k", max_retries=2)  # retries: the first probe round
+        c = openai.OpenAI(base_url=base, api_key="k", max_retries=0)
+        deadline = time.monotonic() + 30  # serving starts before the first probe round has ended
+        while "stub" not in [m.id for m in c.models.list()]:
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
         out = c.chat.completions.create(model="stub", messages=MSGS)
         assert out.choices[0].message.content == "hello from stub"
         assert any(r.path == "/v1/chat/completions" for r in tls_stub.requests)
