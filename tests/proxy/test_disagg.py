@@ -317,11 +317,11 @@ def test_static_config_with_roles(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("endpoints", "message"), [
     ('[{url: "http://h:1", role: prefil}, "http://h:2"]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.role: must be one of prefill, decode, both, not 'prefil'; did you mean 'prefill'"),
     ('[{url: "http://h:1", role: 3}]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.role: Expected str, got int 3"),
-    ('[{url: "http://h:1", weight: 2}]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.weight: unknown key 'weight' \(known: url, role\)"),
+    ('[{url: "http://h:1", weight: 2}]', r"inv.yaml:3: models\[0\]\.endpoints\[0\]\.weight: unknown key 'weight' \(known: url, role, ca_file, insecure_skip_verify, api_key\)"),
     ('[{role: decode}]', r"models\[0\]\.endpoints\[0\]: missing required key 'url'"),
     ('[{url: "http://h:1", role: prefill}]', r"models\[0\]\.endpoints: a disaggregated model needs"),
     ('[{url: "http://h:1", role: decode}, {url: "http://h:2", role: decode}]', r"models\[0\]\.endpoints: a disagg"),
-    ('[{url: "https://h:1", role: decode}]', r"models\[0\]\.endpoints\[0\]: unsupported endpoint scheme"),
+    ('[{url: "ftp://h:1", role: decode}]', r"models\[0\]\.endpoints\[0\]: unsupported endpoint scheme"),
     ("7", r"models\[0\]\.endpoints: Expected str \| object \| array \| null, got int 7"),
 ])
 def test_static_config_bad_roles_name_the_model(tmp_path: Path, endpoints: str, message: str) -> None:
