@@ -48,6 +48,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from flexinfer.runtime.base import BodyFilters, Endpoint
 from flexinfer.runtime.configfile import (
     MACRO_RE,
     InventoryConfigError,
@@ -63,10 +64,10 @@ from flexinfer.runtime.configfile import (
 )
 from flexinfer.runtime.static import MacroValue, Routing, check_routing, check_unique_names, read_models_file
 
-BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON"})
+BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON", "MODEL_ID"})
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@+\-]{0,126}"
 BACKENDS = ("command", "llamacpp")
-_COMMAND_KEYS = ("cmd", "command", "args")
+_COMMAND_KEYS = ("cmd", "command", "args", "proxy", "cmd_stop")
 _BACKEND_ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp"}
 #: the default config shipped in the package: ``flexinfer serve`` without ``-c`` (SmolLM2 via pkg://)
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_local.yaml")
@@ -96,13 +97,35 @@ class LocalModelSpec:
     scheduler: str | None = None  # with routing: scored, the chain (the composition root checks it)
     context_window: int | None = None
     backend: str = "command"
+    # per-model options (docs/config.md "Per-model options"); health_path "" is check_endpoint: none
+    proxy: str | None = None  # the upstream URL (may use ${PORT}); None: http://127.0.0.1:${PORT}
+    stop_command: tuple[str, ...] = ()  # cmd_stop (built-ins and ${PID} filled in at stop)
+    unlisted: bool = False
+    concurrency_limit: int | None = None
+    response_timeout: float | None = None
+    filters: BodyFilters | None = None
+    display_name: str | None = None
+    description: str | None = None
 
-    def render(self, port: int) -> list[str]:
-        """The argv with the built-in macros filled in (``$$`` -> ``$``)."""
-        values = {"PORT": str(port), "MODEL": self.model, "NAME": self.name,
-                  "THREADS": str(os.cpu_count() or 1), "PYTHON": sys.executable}
+    def render(self, port: int, words: tuple[str, ...] | None = None, pid: int = 0) -> list[str]:
+        """The argv (or ``words``: the stop command) with the built-in macros filled in (``$$`` -> ``$``)."""
+        values = {"PORT": str(port), "MODEL": self.model, "NAME": self.name, "MODEL_ID": self.name,
+                  "THREADS": str(os.cpu_count() or 1), "PYTHON": sys.executable, "PID": str(pid)}
         return [MACRO_RE.sub(lambda m: "$" if m.group(1) is None else values[m.group(1)], part)
-                for part in self.command]
+                for part in (self.command if words is None else words)]
+
+    @property
+    def fixed_port(self) -> int | None:
+        """The port of a ``proxy:`` URL that does not use ``${PORT}`` (the process must listen there)."""
+        if self.proxy is None or "${PORT}" in self.proxy:
+            return None
+        return Endpoint.parse(self.proxy.replace("$$", "$")).port
+
+    def upstream(self, port: int) -> Endpoint:
+        """Where requests go when the model listens on ``port`` (``proxy:``, or 127.0.0.1)."""
+        if self.proxy is None:
+            return Endpoint("127.0.0.1", port)
+        return Endpoint.parse(self.render(port, (self.proxy,))[0])
 
 
 class Defaults(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -115,6 +138,15 @@ class Defaults(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cold_start_timeout: Annotated[Seconds | None, msgspec.Meta(
         description="how long requests wait for a cold model (default: start_timeout)")] = None
     stop_timeout: Seconds | None = None
+
+
+class Filters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Request-body filters, applied to JSON bodies before they are forwarded (llama-swap's)."""
+
+    strip_params: Annotated[str | list[str], msgspec.Meta(
+        description="keys removed from the request body: a list, or one comma-separated string")] = []
+    set_params: Annotated[dict[str, Any], msgspec.Meta(
+        description="keys forced to these values in the request body")] = {}
 
 
 class LocalModel(Defaults, forbid_unknown_fields=True, kw_only=True):
@@ -141,6 +173,23 @@ class LocalModel(Defaults, forbid_unknown_fields=True, kw_only=True):
     routing: Routing = "default"
     scheduler: str | None = None
     context_window: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    proxy: Annotated[str | None, msgspec.Meta(
+        description="the upstream URL (http://host:port): a fixed port, or a server started elsewhere; "
+                    "with cmd it is where the process listens (may use ${PORT}); without cmd nothing is "
+                    "started")] = None
+    cmd_stop: Annotated[Command | None, msgspec.Meta(
+        description="run to stop the model instead of a signal (macros as in cmd, and ${PID}); "
+                    "bounded by stop_timeout, then the process is killed as usual")] = None
+    check_endpoint: Annotated[str | None, msgspec.Meta(
+        description="the health path (like health_path), or none: ready once the port accepts")] = None
+    unlisted: Annotated[bool, msgspec.Meta(description="served, but not listed in /v1/models")] = False
+    concurrency_limit: Annotated[Annotated[int, msgspec.Meta(ge=1)] | None, msgspec.Meta(
+        description="requests in flight to the model at most; more get 429 with Retry-After")] = None
+    response_timeout: Annotated[Annotated[float, msgspec.Meta(gt=0)] | None, msgspec.Meta(
+        description="seconds to the upstream's response head (default: PROXY_RESPONSE_TIMEOUT)")] = None
+    filters: Filters | None = None
+    display_name: Annotated[str | None, msgspec.Meta(description="listed in /v1/models as \"name\"")] = None
+    description: Annotated[str | None, msgspec.Meta(description="listed in /v1/models")] = None
 
 
 class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -214,18 +263,24 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
         health = health or "/v1/models"
     elif backend == "command":
         words = _words(cmd) if cmd is not None else []
-        if not words:
+        fixed = m.proxy is not None and "${PORT}" not in m.proxy  # the process listens on the proxy's port
+        if not words and not (cmd is None and m.proxy is not None):  # proxy without cmd: nothing started
             src.error(path if cmd is None else (*path, cmd_key), f"model {name!r}: needs 'cmd' (the command "
-                      "that starts the server, with ${PORT}) or backend: llamacpp")
-        elif not any("${PORT}" in w for w in words):
-            src.error((*path, cmd_key), "the command must use ${PORT} (the port it must listen on)")
-        command = (*words, *args)
+                      "that starts the server, with ${PORT}), 'proxy' (a server started elsewhere) or "
+                      "backend: llamacpp")
+        elif words and not fixed and not any("${PORT}" in w for w in words):
+            src.error((*path, cmd_key), "the command must use ${PORT} (the port it must listen on), or "
+                      "give proxy: with its fixed port")
+        command = (*words, *args) if words else ()
     else:
         src.error((*path, "backend"), f"unknown backend {m.backend!r}{suggest(m.backend, BACKENDS)} "
                   "(llamacpp or command)")
     check_routing(src, path, m.routing, m.scheduler)
+    extra = _options(src, path, m, backend, command)
     if len(src.problems) > before:
         return None
+    if m.check_endpoint is not None:
+        health = "" if m.check_endpoint == "none" else m.check_endpoint
 
     def pick(key: str, default: float) -> float:
         v = getattr(m, key)
@@ -234,12 +289,53 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
 
     return LocalModelSpec(
         name=name, command=command, model=model_path, env={k: str(v) for k, v in m.env.items()},
-        aliases=tuple(m.aliases), served_name=m.served_name or name, health_path=health or "/health",
+        aliases=tuple(m.aliases), served_name=m.served_name or name,
+        health_path=health if m.check_endpoint is not None and health is not None else (health or "/health"),
         start_timeout=pick("start_timeout", 120.0), cold_start_timeout=pick("cold_start_timeout", 0.0) or None,
         idle_ttl=pick("idle_ttl", 300.0), stop_timeout=pick("stop_timeout", 10.0),
         group=m.group or None, priority=m.priority, routing=m.routing,
         scheduler=m.scheduler.strip() if m.scheduler else None, context_window=m.context_window,
-        backend=backend)
+        backend=backend, **extra)
+
+
+def _options(src: Source, path: Path, m: LocalModel, backend: str, command: tuple[str, ...]) -> dict[str, Any]:
+    """The per-model options (proxy, cmd_stop, check_endpoint, filters, limits, metadata) of a
+    LocalModelSpec; problems go to ``src``."""
+    if m.proxy is not None:
+        if backend == "llamacpp":
+            src.error((*path, "proxy"), "backend llamacpp listens on 127.0.0.1:${PORT}; for a fixed port or "
+                      "another host use backend: command with cmd (or no cmd)")
+        if not command and "${PORT}" in m.proxy:
+            src.error((*path, "proxy"), "without cmd nothing is started: the proxy URL needs a fixed port, "
+                      "not ${PORT}")
+        try:
+            Endpoint.parse(m.proxy.replace("${PORT}", "1").replace("$$", "$"))
+        except ValueError as exc:
+            src.error((*path, "proxy"), f"{exc} (an upstream URL http://host:port)")
+    if not command and m.group:
+        src.error((*path, "group"), "a model without cmd is never started or stopped: it cannot be in a group")
+    stop = _words(m.cmd_stop) if m.cmd_stop is not None else []
+    if m.cmd_stop is not None and not stop:
+        src.error((*path, "cmd_stop"), "an empty command")
+    if stop and not command:
+        src.error((*path, "cmd_stop"), "cmd_stop needs cmd (a model without cmd is never started or stopped)")
+    if m.check_endpoint is not None:
+        if m.health_path is not None:
+            src.error((*path, "check_endpoint"), "give health_path or check_endpoint, not both")
+        elif m.check_endpoint != "none" and not m.check_endpoint.startswith("/"):
+            src.error((*path, "check_endpoint"), f"{m.check_endpoint!r}: a path starting with / or none")
+    filters = None
+    if m.filters is not None:
+        raw = m.filters.strip_params
+        strip = [k.strip() for k in (raw.split(",") if isinstance(raw, str) else raw) if k.strip()]
+        for key, where in [*((k, "strip_params") for k in strip), *((k, "set_params") for k in m.filters.set_params)]:
+            if key == "model":
+                src.error((*path, "filters", where), "the model key cannot be filtered (it routes the request)")
+        if strip or m.filters.set_params:
+            filters = BodyFilters(tuple(dict.fromkeys(strip)), dict(m.filters.set_params))
+    return dict(proxy=m.proxy, stop_command=tuple(stop), unlisted=m.unlisted,
+                concurrency_limit=m.concurrency_limit, response_timeout=m.response_timeout, filters=filters,
+                display_name=m.display_name, description=m.description)
 
 
 def _expand_field(src: Source, path: Path, value: Any, macros: dict[str, str]) -> Any:
@@ -249,9 +345,10 @@ def _expand_field(src: Source, path: Path, value: Any, macros: dict[str, str]) -
     if key not in LocalModel.__struct_fields__:
         return value  # an unknown key: convert reports it
     if key in _COMMAND_KEYS:
-        return expand_tree(src, value, path, macros.get, BUILTIN_MACROS)
+        keep = BUILTIN_MACROS | {"PID"} if key == "cmd_stop" else BUILTIN_MACROS
+        return expand_tree(src, value, path, macros.get, keep)
     return unescape(expand_tree(src, value, path, macros.get, frozenset(),
-                                (BUILTIN_MACROS, "is filled in only in cmd and args")))
+                                (BUILTIN_MACROS, "is filled in only in cmd, args, proxy and cmd_stop")))
 
 
 def _load(path: str) -> tuple[Source, list[tuple[int, LocalModelSpec]]]:
