@@ -22,6 +22,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from flexinfer.runtime.base import BodyFilters
 from flexinfer.runtime.configfile import InventoryConfigError
@@ -168,13 +169,13 @@ def test_a_server_started_elsewhere_with_filters_limits_and_listing(tmp_path: Pa
         # concurrency_limit 1: a stream holds the one slot; the next request gets 429 at once
         stream = c.chat.completions.create(model="remote", messages=MSG, stream=True,  # type: ignore[arg-type]
                                            extra_headers={"x-stub-chunks": "30", "x-stub-interval": "0.05"})
-        it = iter(stream)
+        it: Iterator[ChatCompletionChunk] = iter(stream)  # type: ignore[arg-type]
         next(it)
         with pytest.raises(openai.RateLimitError) as refused:
             c.chat.completions.create(model="remote", messages=MSG)  # type: ignore[arg-type]
         assert refused.value.response.headers["retry-after"] == "1"
         assert refused.value.code == "concurrency_limit_exceeded"
-        c.chat.completions.create(model="hidden", messages=MSG)  # the limit is per model  # type: ignore[arg-type]
+        c.chat.completions.create(model="hidden", messages=MSG)  # type: ignore[arg-type]  # the limit is per model
         assert len([ch for ch in it if ch.choices and ch.choices[0].delta.content]) >= 29
         c.chat.completions.create(model="remote", messages=MSG)  # type: ignore[arg-type]  # the slot is free again
         assert 'flexinfer_proxy_rate_limited_total{model="remote",scope="concurrency"} 1.0' in s.text("/metrics")
