@@ -266,8 +266,7 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
         fixed = m.proxy is not None and "${PORT}" not in m.proxy  # the process listens on the proxy's port
         if not words and not (cmd is None and m.proxy is not None):  # proxy without cmd: nothing started
             src.error(path if cmd is None else (*path, cmd_key), f"model {name!r}: needs 'cmd' (the command "
-                      "that starts the server, with ${PORT}), 'proxy' (a server started elsewhere) or "
-                      "backend: llamacpp")
+                      "that starts the server, with ${PORT}) or backend: llamacpp")
         elif words and not fixed and not any("${PORT}" in w for w in words):
             src.error((*path, cmd_key), "the command must use ${PORT} (the port it must listen on), or "
                       "give proxy: with its fixed port")
