@@ -405,7 +405,9 @@ def check_local_config(path: str) -> list[str]:
         entry = raw[i]
         if s.model and not os.path.isfile(s.model):
             src.error(("models", i, "model"), f"model file {s.model} does not exist")
-        why = _missing_program(s.render(0))
+        if s.stop_command and (why := _missing_program(s.render(0, s.stop_command))) is not None:
+            src.error(("models", i, "cmd_stop"), why)
+        why = _missing_program(s.render(0)) if s.command else None  # no cmd (proxy:): nothing to start
         if why is not None:
             key = next((k for k in ("cmd", "command", "backend") if k in entry), None)
             src.error(("models", i, key) if key else ("models", i), why)

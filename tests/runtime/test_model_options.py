@@ -29,7 +29,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from flexinfer.runtime.base import BodyFilters
 from flexinfer.runtime.configfile import InventoryConfigError
-from flexinfer.runtime.localconfig import load_local_config
+from flexinfer.runtime.localconfig import check_local_config, load_local_config
 from tests.harness import LoopThread, free_port
 from tests.runtime.test_local import alive, wait_for
 from tests.runtime.test_reload import MSG, Serve, serve
@@ -251,3 +251,15 @@ def test_the_example_loads_and_validates_against_the_schema() -> None:
     assert specs["docker-llama"].render(5000, specs["docker-llama"].stop_command) == ["docker", "stop", "docker-llama"]
     schema = json.loads((root / "schemas" / "local.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(example.read_text()))
+
+
+def test_check_knows_models_without_cmd_and_checks_cmd_stop(tmp_path: Path) -> None:
+    path = write(tmp_path, f"""
+        models:
+          - name: remote
+            proxy: http://10.0.0.7:9000
+          - name: docker
+            cmd: [{PY}, -m, tests.stub_engine, --port, "${{PORT}}"]
+            cmd_stop: no-such-stopper ${{NAME}}
+        """)
+    assert check_local_config(path) == [f"{path}:7: models[1].cmd_stop: command 'no-such-stopper' not found on PATH"]
