@@ -182,6 +182,8 @@ class ProxySettings:
     cold_start_timeout: float = _f(60.0, "PROXY_COLD_START_TIMEOUT", "Default model cold-start timeout.")
     queue_keepalive_after: float = _f(1.0, "PROXY_QUEUE_KEEPALIVE_AFTER", "Waiting streams get SSE comments after this.")
     queue_keepalive_interval: float = _f(5.0, "PROXY_QUEUE_KEEPALIVE_INTERVAL", "Seconds between SSE waiting comments.")
+    send_loading_state: bool = _f(False, "PROXY_SEND_LOADING_STATE",
+                                  "Waiting streaming chats get the progress as reasoning_content chunks.")
     max_tokens_clamp: bool = _f(True, "PROXY_MAX_TOKENS_CLAMP_ENABLED", "Clamp max_tokens to the window.")
     max_tokens_reserve: int = _f(512, "PROXY_MAX_TOKENS_CLAMP_PROMPT_RESERVE_TOKENS", "Tokens kept for the prompt.")
     engine_scrape_interval: float = _f(1.0, "PROXY_ENGINE_SCRAPE_INTERVAL",

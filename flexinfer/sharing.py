@@ -27,6 +27,12 @@ The first stage that picks someone decides:
 6. Otherwise: ready, then recent, then primary (the member to keep warm when nobody asks), then
    fallback.
 
+Across groups (the local runtime's ``groups:``; the operator has one group per GPU and uses the
+defaults) :func:`evictions` says what must stop before a member starts: the other running members of
+its own group (one at a time, whatever the policies), and, when its group is ``exclusive``, every
+running model of another group (or of none) unless that group is ``persistent`` (llama-swap's
+``exclusive``/``persistent``; a persistent group still swaps among its own members).
+
 Every new :class:`Member` field defaults to "no refinement" (not forced, not primary, cache ready,
 no hold), which is how the local runtime builds its members. Times are seconds (``time.time()`` or
 any monotonic-ish clock; only differences matter).
@@ -34,7 +40,7 @@ any monotonic-ish clock; only differences matter).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEMAND_WINDOW = 120.0
@@ -150,3 +156,32 @@ def queue_positions(members: Sequence[Member], leader: str | None) -> dict[str, 
     if leader is not None:
         out[leader] = 0
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPolicy:
+    """How a group treats the other groups (defaults: it leaves them alone and may be unloaded)."""
+
+    exclusive: bool = False  # starting one of its members unloads every other non-persistent model
+    persistent: bool = False  # its members are never unloaded by another group's start
+
+
+NO_POLICY = GroupPolicy()
+
+
+def evictions(starting: str, group: str | None, running: Iterable[tuple[str, str | None]],
+              policies: Mapping[str, GroupPolicy] | None = None) -> list[str]:
+    """The models (sorted) to stop before ``starting`` (a member of ``group``, None: no group) runs.
+
+    ``running``: (name, group) of every model running or starting now. The other members of its own
+    group always go (a group runs one member at a time); with ``exclusive`` on its group, so does every
+    model of another group, or of no group, whose group is not ``persistent``."""
+    policies = policies or {}
+    exclusive = group is not None and policies.get(group, NO_POLICY).exclusive
+    out: set[str] = set()
+    for name, g in running:
+        same = group is not None and g == group
+        spared = g is not None and policies.get(g, NO_POLICY).persistent
+        if name != starting and (same or (exclusive and not spared)):
+            out.add(name)
+    return sorted(out)

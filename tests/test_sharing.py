@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from flexinfer.sharing import (
+    GroupPolicy,
     Member,
     Windows,
     better,
     choose_leader,
     cooldown_of,
+    evictions,
     holds,
     queue_positions,
 )
@@ -204,3 +206,36 @@ def test_better_and_positions() -> None:
     assert better(M("a"), M("b"))
     pos = queue_positions([M("a", 1), M("b", 5), M("c", 5), M("d", 9)], "d")
     assert pos == {"d": 0, "b": 1, "c": 2, "a": 3}
+
+
+EX, PER, BOTH = GroupPolicy(exclusive=True), GroupPolicy(persistent=True), GroupPolicy(True, True)
+#: (case, starting model, its group, running (name, group), policies, what must stop first)
+EVICTIONS: list[tuple[str, str, str | None, list[tuple[str, str | None]], dict[str, GroupPolicy], list[str]]] = [
+    ("nothing running", "a", "g", [], {"g": EX}, []),
+    ("plain group: only its own members swap", "a", "g", [("b", "g"), ("x", "h"), ("u", None)], {}, ["b"]),
+    ("itself is never evicted", "a", "g", [("a", "g")], {"g": EX}, []),
+    ("no group: evicts nothing", "u", None, [("a", "g"), ("v", None)], {"g": EX}, []),
+    ("exclusive: other groups and ungrouped go", "a", "g", [("b", "g"), ("x", "h"), ("u", None)], {"g": EX},
+     ["b", "u", "x"]),
+    ("exclusive spares a persistent group", "a", "g", [("x", "h"), ("p", "keep")], {"g": EX, "keep": PER}, ["x"]),
+    ("persistent still swaps within itself", "p", "keep", [("q", "keep"), ("x", "h")], {"keep": PER}, ["q"]),
+    ("persistent and exclusive: evicts others, spared by others", "p", "pe", [("x", "h"), ("q", "pe")],
+     {"pe": BOTH}, ["q", "x"]),
+    ("exclusive spares persistent+exclusive", "a", "g", [("p", "pe")], {"g": EX, "pe": BOTH}, []),
+    ("a non-exclusive start leaves an exclusive group alone", "x", "h", [("a", "g")], {"g": EX}, []),
+    ("unknown group in policies: defaults", "a", "g", [("x", "nope")], {"g": EX}, ["x"]),
+    ("two exclusive groups evict each other", "a", "g", [("b", "g2")], {"g": EX, "g2": EX}, ["b"]),
+]
+
+
+@pytest.mark.parametrize(("starting", "group", "running", "policies", "out"), [c[1:] for c in EVICTIONS],
+                         ids=[c[0] for c in EVICTIONS])
+def test_evictions(starting: str, group: str | None, running: list[tuple[str, str | None]],
+                   policies: dict[str, GroupPolicy], out: list[str]) -> None:
+    assert evictions(starting, group, running, policies) == out
+    assert evictions(starting, group, list(reversed(running)), policies) == out  # order independent
+
+
+def test_eviction_defaults_are_todays_one_member_per_group() -> None:
+    running = [("b", "g"), ("x", "h"), ("u", None)]
+    assert evictions("a", "g", running) == evictions("a", "g", running, {"g": GroupPolicy()}) == ["b"]

@@ -30,6 +30,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="serve the Models/ModelDeployments of the cluster (namespace from POD_NAMESPACE)")
     p.add_argument("--all-namespaces", action="store_true",
                    help="with --kube: watch every namespace (models elsewhere are named <namespace>/<name>)")
+    p.add_argument("--global", dest="global_", nargs="?", const="", default=None, metavar="FILE",
+                   help="the global proxy: in front of the clusters' proxies of a GlobalProxy file "
+                        "(or, with --kube, of the GlobalProxy resource --global-name; docs/globalproxy.md)")
+    p.add_argument("--global-name", default=None,
+                   help="with --global --kube: the GlobalProxy's name (default: the only one of the namespace)")
     p.add_argument("--host", default=None, help="listen address (env PROXY_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
     p.add_argument("--workers", type=int, default=None, help="worker processes sharing the port")
@@ -79,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     if _compiled.stale():
         log.warning("compiled request path older than its source, using the source of %s; run `make ext`",
                     ", ".join(_compiled.stale()))
+    if getattr(args, "global_", None) is not None:
+        from flexinfer.cmd.globalproxy import run_global
+
+        return run_global(settings, args, serve_http)
     if getattr(args, "kube", False):
         return _run_kube(settings, args, serve_http)
     from flexinfer.runtime.static import InventoryConfigError, StaticInventory

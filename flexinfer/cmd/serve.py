@@ -8,11 +8,13 @@ served through the same OpenAI endpoint, with the runtime's admin pages (``/``, 
 ``/running``, ``/load/<model>``, ``/unload``, ``/logs/<model>``, ``/config``; docs/status-page.md)
 next to it. One worker: the processes belong to this process.
 The file is watched (``--watch-interval``) and SIGHUP reloads it: :mod:`flexinfer.runtime.reload`.
+``hooks.on_startup.preload`` models are started in the background once it listens (:func:`preload`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -87,6 +89,21 @@ def load_checked(path: str) -> list[LocalModelSpec]:
     return specs
 
 
+async def preload(runtime: LocalRuntime, names: list[str]) -> None:
+    """Start ``names`` one after the other (a group's members would swap each other out: the last
+    one stays); a failure is logged and shown by the model's state (failed, with its error in
+    ``/running`` and on the status page); serve keeps running."""
+    for name in names:
+        view = runtime.resolve(name)
+        if view is None:  # a reload removed it meanwhile
+            continue
+        try:
+            await runtime.wake(view)
+            log.info("preloaded %s", view.name)
+        except Exception as exc:
+            log.error("preload of %s failed: %s", view.name, exc)
+
+
 def check(path: str) -> int:
     """``--check``: every problem of the file on stderr (exit 2), or one ok line (exit 0)."""
     from flexinfer.proxy.scheduler import spec_error
@@ -109,7 +126,7 @@ def check(path: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from flexinfer import _compiled, _speedups
     from flexinfer.http.server import run as serve_http
-    from flexinfer.runtime.localconfig import DEFAULT_CONFIG, local_schema
+    from flexinfer.runtime.localconfig import DEFAULT_CONFIG, local_schema, startup_preload
     from flexinfer.runtime.static import InventoryConfigError
 
     if args.schema:
@@ -123,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_proxy_settings(host=args.host, port=args.port, workers=1)
         runtime, handler, watcher = build_watched(args.config, settings, max(0.0, args.watch_interval))
+        preload_names = startup_preload(args.config)
     except (SettingsError, InventoryConfigError) as exc:
         print(f"flexinfer serve: {exc}" if isinstance(exc, SettingsError) else exc, file=sys.stderr)
         return 2
@@ -141,10 +159,16 @@ def run(args: argparse.Namespace) -> int:
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
+    preloading: list[asyncio.Task[None]] = []
+
     async def on_start(_server: HTTPServer) -> None:
         watcher.start()
+        if preload_names:  # hooks.on_startup.preload: in the background, the endpoint serves meanwhile
+            preloading.append(asyncio.get_running_loop().create_task(preload(runtime, preload_names)))
 
     async def on_stop(_server: HTTPServer) -> None:
+        for t in preloading:
+            t.cancel()
         await watcher.close()
         await runtime.stop_all()
 

@@ -14,7 +14,9 @@ Owns:
   ModelDeployments of a GPUGroup);
 - Model spec changes also go through kopf change handlers (create/resume/update on ``spec``), which
   run the reconcile inline: an unusable spec raises ``kopf.PermanentError`` after its ``Failed``
-  status is written (no crash loop); an API failure raises ``kopf.TemporaryError`` (kopf retries);
+  status is written (no crash loop); after an API failure the work queue retries the reconcile
+  (``WorkQueue.run_now`` queues it), not kopf: kopf forgets a handler retry whose progress patch
+  fails, and two retry owners would reconcile twice;
 - Cluster and FederatedModel events route to ``cluster`` / ``federation`` (a Cluster event re-probes
   when its spec moved and wakes the FederatedModels of its namespace);
 - startup (API client, writer, queues, Event poster, the metrics port) and cleanup (member clients too).
@@ -308,7 +310,10 @@ def build_registry(op: Operator, *, kubeconfig: str | None = None) -> kopf.Opera
         try:
             result: Result = await op.queues[MODEL_Q].run_now((namespace or "default", name))
         except KubeAPIError as e:
-            raise kopf.TemporaryError(str(e), delay=e.retry_after or op.settings.retry_base_s) from e
+            # the work queue has queued the retry (run_now): a kopf retry as well would reconcile twice
+            # and write kopf's progress annotation on every failure (F19)
+            log.info("model %s/%s: %s; the work queue retries it", namespace, name, e)
+            return
         if result.permanent:
             raise kopf.PermanentError(result.permanent)
 

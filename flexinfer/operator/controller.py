@@ -6,9 +6,10 @@ Owns:
   at its earliest due time); one key is never reconciled twice at the same time; a reconcile's
   answer (``Result.requeue_after``) schedules the next one; a failure backs off exponentially per
   key (:class:`~flexinfer.k8s.backoff.Backoff`, no jitter; a longer ``KubeAPIError.retry_after``
-  wins). ``run_now`` runs a reconcile inline (kopf change handlers use it to turn outcomes into
-  ``PermanentError``/``TemporaryError``). Each reconcile is counted and timed in the queue's
-  ``OperatorMetrics`` when it has one (``kind`` = the queue's name).
+  wins). ``run_now`` runs a reconcile inline (kopf change handlers use it to turn an unusable spec
+  into ``PermanentError``); a failed one is queued for retry as well. Each reconcile
+  is counted and timed in the queue's ``OperatorMetrics`` when it has one (``kind`` = the queue's
+  name).
 - ``Writer``: the only place that writes: ``ensure`` (create, adopt on 409 AlreadyExists, or patch
   only what differs, see ``diff``), ``delete``, ``patch_status`` (managed status fields only),
   finalizer add/remove guarded by the resourceVersion (409 on a race, then a fresh reconcile).
@@ -128,8 +129,11 @@ class WorkQueue:
             t0 = time.perf_counter()
             try:
                 result = await self.fn(key)
-            except Exception:
+            except Exception as e:
                 self._observe("error", t0)
+                # The queue retries it too: the caller's own retry is not guaranteed (kopf forgets a
+                # failed handler until the object's next event when its progress patch fails, F19).
+                self._retry_later(key, e)
                 raise
             self._observe(self._outcome(result), t0)
         self._failures.pop(key, None)
@@ -137,6 +141,14 @@ class WorkQueue:
             self.trigger(key, result.requeue_after)
         self._release(key)
         return result
+
+    def _retry_later(self, key: Hashable, e: Exception) -> float:
+        """Count a failed reconcile of ``key`` and queue its retry after the per-key backoff."""
+        self.errors += 1
+        n = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = self.backoff.delay(n, e.retry_after if isinstance(e, KubeAPIError) else None)
+        self.trigger(key, delay)
+        return delay
 
     async def _process(self, key: Hashable) -> None:
         self._running.add(key)
@@ -149,15 +161,12 @@ class WorkQueue:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self.errors += 1
             self._observe("error", t0)
-            n = self._failures[key] = self._failures.get(key, 0) + 1
-            delay = self.backoff.delay(n, e.retry_after if isinstance(e, KubeAPIError) else None)
+            delay = self._retry_later(key, e)
             if isinstance(e, KubeAPIError):
                 log.info("%s %s: %s; retry in %.1fs", self.name, key, e, delay)
             else:
                 log.exception("%s %s: reconcile failed; retry in %.1fs", self.name, key, delay)
-            self.trigger(key, delay)
         else:
             self._observe(self._outcome(result), t0)
             self._failures.pop(key, None)

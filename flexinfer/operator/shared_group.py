@@ -9,7 +9,8 @@ uses) to a group of Models (``spec.gpu.shared``), as the original's ``handleShar
   (priority descending, then name); a loser that was Ready becomes ``Preempted`` with
   ``preemptedAt`` = now and an Event "Preempted by X with priority N"; ``preemptedAt`` is kept (the
   cooldown reads it) until the member leads again;
-- Failed members never lead;
+- Failed members never lead; which members stop for the leader is :func:`flexinfer.sharing.evictions`
+  (one group per GPU here, so no cross-group policy: its other Ready members);
 - the late refinements (``forcePromotion``, ``warmPolicy: primary``, cache gating, the cold-start
   hold) are read from each member by ``model.member_state`` and decided by ``choose_leader``; the
   hold is measured from ``status.loadingProgressAt``, which ``model_logic`` sets when a load starts;
@@ -36,6 +37,7 @@ from flexinfer.sharing import (
     Windows,
     choose_leader,
     cooldown_of,
+    evictions,
     queue_positions,
 )
 
@@ -85,6 +87,9 @@ def plan_group(group: str, members: Sequence[GroupMemberState], now: datetime,
     positions = queue_positions(everyone, leader)
     by_name = {m.name: m for m in members}
     lead = by_name.get(leader) if leader else None
+    # the Ready losers stop (become Preempted): the eviction rule the local runtime applies too
+    evicted = set(evictions(leader, group, [(m.name, group) for m in members if m.phase == "Ready"])
+                  ) if leader is not None else set()
     statuses: dict[str, dict[str, Any]] = {}
     events: dict[str, list[Event]] = {}
     for m in members:
@@ -98,7 +103,7 @@ def plan_group(group: str, members: Sequence[GroupMemberState], now: datetime,
             preempted_at = m.preempted_at
             if m.state == "Preempted":
                 state = "Preempted"
-            elif m.phase == "Ready" and leader is not None:
+            elif m.name in evicted:
                 state, preempted_at = "Preempted", now
                 prio = lead.priority if lead else 0
                 ev.append(Event("Normal", "Preempted", f"Preempted by {leader} with priority {prio}"))

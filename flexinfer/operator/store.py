@@ -8,8 +8,11 @@ Why the overlay: after a create or a patch, the watch event arrives a little lat
 runs in between (triggered by another event) would otherwise see the old object and write the same
 change again. Each write records the answer and the resourceVersions it supersedes; the overlay entry
 is dropped as soon as the watch delivers any other version (ours or a newer one), so a stale overlay
-can cost at most one redundant write, never a lost update. No ordering of resourceVersions is
-assumed (they are opaque strings). ``seen`` also tells whether a watch event is the echo of an object
+can cost at most one redundant write, never a lost update. A version known to be older than our
+answer keeps the overlay too: one whose resourceVersion is a smaller decimal number (etcd revisions
+are; this is the lagging event of a concurrent write, e.g. kopf's own annotation patch, which would
+otherwise cost that redundant write, F19). Other resourceVersions are not ordered (opaque strings).
+``seen`` also tells whether a watch event is the echo of an object
 the operator itself created (nothing else can be in a create's answer, so no reconcile is needed; the
 echo of a patch may carry someone else's concurrent change and is not reported as one).
 
@@ -36,6 +39,11 @@ def obj_key(namespace: str | None, name: str) -> Key:
 
 def rv_of(body: Mapping[str, Any] | None) -> str:
     return str(((body or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _older(rv: str, than: str) -> bool:
+    """``rv`` is known to precede ``than``: both are decimal numbers and ``rv`` is the smaller."""
+    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
 
 
 def _key_of(body: Mapping[str, Any]) -> Key:
@@ -88,7 +96,7 @@ class Store:
         pending = ov.get(key) if ov else None
         if pending is None:
             return cur
-        if cur is None or rv_of(cur) in pending.stale:
+        if cur is None or rv_of(cur) in pending.stale or _older(rv_of(cur), rv_of(pending.body)):
             return pending.body
         del ov[key]  # type: ignore[union-attr]  # the watch moved past our write
         return cur
@@ -163,7 +171,7 @@ class Store:
         echo = not deleted and bool(rv) and self._created.pop((kind.key, key), None) == rv
         ov = self._overlay.get(kind.key)
         pending = ov.get(key) if ov else None
-        if pending is not None and (deleted or rv not in pending.stale):
+        if pending is not None and (deleted or (rv not in pending.stale and not _older(rv, rv_of(pending.body)))):
             del ov[key]  # type: ignore[union-attr]
         return echo
 

@@ -8,6 +8,12 @@ order the moment the model turns ready (no polling). Each waiter has a deadline
 ``activation_failed`` with its reason to every waiter; a waiter whose client leaves is removed at once.
 Streaming waiters receive SSE comments (``: waiting for model m, position P, ~Ns``) so clients and
 intermediaries keep the connection and a person sees progress; the ETA comes from observed load times.
+With the loading state on (the model's ``send_loading_state`` in its view's metadata, else
+``PROXY_SEND_LOADING_STATE``), a waiting streaming chat completion gets the same progress as
+``reasoning_content`` deltas of proper ``chat.completion.chunk`` events instead (chat UIs show them
+in their "thinking" box; SSE comments are hidden), and one "ready" line when the model is up. These
+events are written here, not relayed: the usage tap never sees them (no tokens, no TTFT); the
+model's own stream follows them on the same response (docs/loading-state.md).
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import math
 import time
 from typing import Any, TypeGuard
 
+import orjson
+
 from flexinfer import errors
 from flexinfer.http.protocol import ResponseWriter
-from flexinfer.http.responses import sse_comment
+from flexinfer.http.responses import sse_comment, sse_event
 from flexinfer.proxy.context import RequestContext
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.runtime.base import Inventory, ModelView, Scaler
@@ -131,8 +139,12 @@ class Activator:
         timeout = max(self.settings.queue_timeout, view.cold_start_timeout or self.settings.cold_start_timeout)
         t0 = time.monotonic()
         stream = data is not None and data.get("stream") is True
+        loading = None
+        if stream and ctx.path == "/v1/chat/completions" and view.metadata.get(
+                "send_loading_state", self.settings.send_loading_state) is True:
+            loading = _LoadingState(ctx, str((data or {}).get("model") or name))
         try:
-            await self._wait(fut, q, name, t0 + timeout, resp if stream else None, ctx)
+            await self._wait(fut, q, name, t0 + timeout, resp if stream else None, ctx, loading)
             return fut.result()
         except TimeoutError:
             self.metrics.activations.labels(name, "timeout").inc()
@@ -155,9 +167,11 @@ class Activator:
             self.metrics.queue_wait.labels(name).observe(ctx.queue_wait)
 
     async def _wait(self, fut: asyncio.Future[ModelView], q: _ModelQueue, name: str, deadline: float,
-                    stream_resp: ResponseWriter | None, ctx: RequestContext) -> None:
+                    stream_resp: ResponseWriter | None, ctx: RequestContext,
+                    loading: _LoadingState | None = None) -> None:
         s = self.settings
-        next_comment = time.monotonic() + s.queue_keepalive_after
+        t0 = time.monotonic()
+        next_comment = t0 + s.queue_keepalive_after
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -165,6 +179,9 @@ class Activator:
             wait_until = min(deadline, next_comment) if stream_resp is not None else deadline
             done, _ = await asyncio.wait({fut}, timeout=max(0.0, wait_until - now))
             if done:
+                if loading is not None and loading.sent and stream_resp is not None and not fut.cancelled() \
+                        and fut.exception() is None:
+                    stream_resp.write(loading.event(f"{name} is ready after {time.monotonic() - t0:.1f}s.\n\n"))
                 return
             if stream_resp is not None and time.monotonic() >= next_comment:
                 if not stream_resp.started:
@@ -173,5 +190,29 @@ class Activator:
                 pos = next((i + 1 for i, w in enumerate(q.waiters) if w is fut), 0)
                 eta = q.eta(time.monotonic())
                 eta_s = f"~{math.ceil(eta)}s" if eta is not None else "~?s"
-                stream_resp.write(sse_comment(f"waiting for model {name}, position {pos}, {eta_s}"))
+                if loading is not None:
+                    stream_resp.write(loading.event(f"Loading {name}: {time.monotonic() - t0:.0f}s, "
+                                                    f"position {pos}, {eta_s} left\n"))
+                else:
+                    stream_resp.write(sse_comment(f"waiting for model {name}, position {pos}, {eta_s}"))
                 next_comment = time.monotonic() + s.queue_keepalive_interval
+
+
+class _LoadingState:
+    """The ``chat.completion.chunk`` events of one waiting request (progress as ``reasoning_content``)."""
+
+    __slots__ = ("head", "sent")
+
+    def __init__(self, ctx: RequestContext, model: str) -> None:
+        rid = ctx.request_id.decode() if isinstance(ctx.request_id, bytes) else str(ctx.request_id)
+        self.head = {"id": f"chatcmpl-loading-{rid}", "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": model}
+        self.sent = 0
+
+    def event(self, text: str) -> bytes:
+        delta: dict[str, Any] = {"reasoning_content": text}
+        if not self.sent:
+            delta = {"role": "assistant", **delta}
+        self.sent += 1
+        return sse_event(orjson.dumps({**self.head, "choices": [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}))

@@ -16,6 +16,10 @@ Strategies (per model, from its ``routing`` setting or the ``flexinfer.ai/routin
   pick) over each endpoint's in-flight count and its engine's scraped metrics (``engine_state``, from
   :mod:`flexinfer.proxy.scrape`; unknown when stale, never idle); per model ``scheduler`` names the
   chain, Kthena's defaults otherwise (least-request, least-latency, prefix-cache; least-request filter).
+- ``failover``: the first endpoint of the view's order that is not excluded (the global proxy
+  orders its clusters: ``failoverOrder``, or by probe latency; docs/globalproxy.md).
+- ``weighted``: smooth weighted round-robin (nginx's) by the view's ``weights``: exact counts over
+  each cycle of the weights' sum, interleaved.
 - ``least-loaded``: fewest in-flight requests: this process's (:class:`LocalLoad`), or with
   ``--workers N`` every worker's of the machine and, with Redis sharing, every replica's
   (:class:`flexinfer.proxy.machine.SharedLoad`).
@@ -285,7 +289,7 @@ RING_VNODES = 400
 
 class _ModelState:
     __slots__ = ("by_key", "endpoints", "eng", "eng_at", "eng_keys", "keys", "ring", "ring_nodes", "rr", "sched",
-                 "sched_view")
+                 "sched_view", "wrr")
 
     def __init__(self) -> None:
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -299,6 +303,7 @@ class _ModelState:
         self.eng_keys: list[str] | None = None  # the ``keys`` list ``eng`` was built for
         self.sched: Scheduler | None = None  # the ``scored`` chain of the view it was looked up for
         self.sched_view: ModelView | None = None
+        self.wrr: dict[str, int] = {}  # ``weighted``: each endpoint's current weight (smooth WRR)
 
 
 class Router:
@@ -382,7 +387,26 @@ class Router:
             ep, source = self._prefix_cache_pick(eps, hashes)
             self.prefixes.record(ep.key, hashes)
             return ep, strategy, source
+        if strategy == "failover":
+            return eps[0], strategy, "order"
+        if strategy == "weighted":
+            return self._weighted(st, view, eps), strategy, "weights"
         return self._least_loaded(eps), "least-loaded", "in-flight"
+
+    @staticmethod
+    def _weighted(st: _ModelState, view: ModelView, eps: tuple[Endpoint, ...]) -> Endpoint:
+        """Smooth weighted round-robin: every endpoint gains its weight, the richest is picked and
+        pays the total back (deterministic: counts follow the weights exactly per cycle)."""
+        weights, cur = view.weights, st.wrr
+        total, best, best_w = 0, eps[0], None
+        for e in eps:
+            w = weights.get(e.key, 1)
+            total += w
+            c = cur[e.key] = cur.get(e.key, 0) + w
+            if best_w is None or c > best_w:
+                best, best_w = e, c
+        cur[best.key] -= total
+        return best
 
     def scheduler(self, model: str, spec: str | None) -> Scheduler:
         """The chain ``spec`` names for ``model`` (None: the default), built once and bound to this

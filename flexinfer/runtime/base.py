@@ -102,6 +102,9 @@ class ModelView:
     response_timeout: float | None = None  # seconds to the upstream's response head (None: PROXY_RESPONSE_TIMEOUT)
     filters: BodyFilters | None = None  # applied to JSON bodies before forwarding
     unlisted: bool = False  # served, but not in GET /v1/models
+    #: routing "weighted": endpoint key -> weight (a missing key weighs 1; 0: never picked while
+    #: another endpoint is left). The global proxy's FederatedModel weights (runtime.globalrt)
+    weights: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     #: prefill/decode disaggregation: True when some endpoint's role is not "both" (computed once per
     #: view, read per request; see flexinfer.proxy.disagg for the prefill and decode sets)
     disaggregated: bool = field(init=False, compare=False, repr=False)

@@ -4,7 +4,8 @@ Owns the lifecycle of each model's process: a free port, the command, supervisio
 running model restarts it with backoff while it is in demand), readiness polled every 50 ms on the
 health path, the idle TTL (SIGTERM, then SIGKILL after ``stop_timeout``), shared groups (one member
 running at a time, chosen by :func:`flexinfer.sharing.choose_leader`, the old member's
-in-flight requests drained before it stops), recent output for ``/logs``, and stopping everything on
+in-flight requests drained before it stops; a group's ``exclusive``/``persistent`` policy decides
+by :func:`flexinfer.sharing.evictions` which models of other groups stop first), recent output for ``/logs``, and stopping everything on
 exit. It is both the :class:`~flexinfer.runtime.base.Inventory` and the
 :class:`~flexinfer.runtime.base.Scaler` the proxy sees; it knows nothing about HTTP requests.
 Swaps are counted in :attr:`LocalRuntime.swaps` (plain integers) and exported by
@@ -36,7 +37,7 @@ from prometheus_client.registry import Collector
 from flexinfer.runtime.base import NO_LOAD, LoadView, ModelView, StaticInventoryBase
 from flexinfer.runtime.localconfig import LocalModelSpec
 from flexinfer.runtime.localproc import port_accepts, stop_by_command
-from flexinfer.sharing import Member, Windows, choose_leader
+from flexinfer.sharing import GroupPolicy, Member, Windows, choose_leader, evictions
 
 log = logging.getLogger("flexinfer.local")
 
@@ -132,7 +133,8 @@ class LocalRuntime(StaticInventoryBase):
             served_name=s.served_name, aliases=s.aliases, routing=s.routing, scheduler=s.scheduler,
             cold_start_timeout=s.cold_start_timeout or s.start_timeout, context_window=s.context_window, owned_by="flexinfer-local",
             metadata={"backend": s.backend, "state": st.state, "group": s.group, "priority": s.priority,
-                      **_listing(s)},
+                      **_listing(s),
+                      **({} if s.send_loading_state is None else {"send_loading_state": s.send_loading_state})},
             concurrency_limit=s.concurrency_limit, response_timeout=s.response_timeout, filters=s.filters,
             unlisted=s.unlisted,
         )
@@ -193,12 +195,17 @@ class LocalRuntime(StaticInventoryBase):
                     return
                 leader = self.group_leader(group)
                 if leader == st.spec.name:
-                    swapped = False
-                    for other in self._members(group):
-                        if other is not st and other.state in ("ready", "starting", "restarting"):
-                            await self._drain_and_stop(other, preempted=True)
-                            swapped = True
-                    if swapped:
+                    running = [(o.spec.name, o.spec.group) for o in self.procs.values()
+                               if o.state in ("ready", "starting", "restarting")]
+                    policies = {o.spec.group: GroupPolicy(o.spec.exclusive, o.spec.persistent)
+                                for o in self.procs.values() if o.spec.group}
+                    gone = [self.procs[n] for n in evictions(st.spec.name, group, running, policies)]
+                    for other in gone:
+                        if other.spec.group != group:
+                            log.info("unloading %s: exclusive group %s starts %s", other.spec.name, group,
+                                     st.spec.name)
+                        await self._drain_and_stop(other, preempted=other.spec.group == group)
+                    if gone:
                         key = (group, st.spec.name)
                         self.swaps[key] = self.swaps.get(key, 0) + 1
                     await self._ensure_started(st)

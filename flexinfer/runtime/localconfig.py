@@ -8,6 +8,10 @@ Format (``examples/local.yaml``)::
     defaults:                 # optional, applied to every model
       idle_ttl: 300           # seconds without requests before the process is stopped (0 = never)
       start_timeout: 120      # seconds for the process to answer its health path
+    groups:                   # optional: a group's policy towards the others (docs/groups.md)
+      gpu0: {exclusive: true} # starting a member unloads the other non-persistent models
+    hooks:
+      on_startup: {preload: [smollm2]}   # started when serve starts (in the background)
     models:
       - name: smollm2
         backend: llamacpp     # python -m llama_cpp.server with the GGUF below
@@ -37,6 +41,7 @@ here (a ``role`` or ``endpoints`` key is an error): each local model is one proc
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -106,6 +111,9 @@ class LocalModelSpec:
     filters: BodyFilters | None = None
     display_name: str | None = None
     description: str | None = None
+    exclusive: bool = False  # its group's policy (``groups:``): starting it unloads other groups
+    persistent: bool = False  # its group's policy: other groups' starts never unload it
+    send_loading_state: bool | None = None  # progress as reasoning_content while it loads (None: global)
 
     def render(self, port: int, words: tuple[str, ...] | None = None, pid: int = 0) -> list[str]:
         """The argv (or ``words``: the stop command) with the built-in macros filled in (``$$`` -> ``$``)."""
@@ -138,6 +146,9 @@ class Defaults(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cold_start_timeout: Annotated[Seconds | None, msgspec.Meta(
         description="how long requests wait for a cold model (default: start_timeout)")] = None
     stop_timeout: Seconds | None = None
+    send_loading_state: Annotated[bool | None, msgspec.Meta(
+        description="while a streaming request waits for the model to load, send the progress as "
+                    "reasoning_content chunks (default: the proxy's PROXY_SEND_LOADING_STATE)")] = None
 
 
 class Filters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -190,6 +201,28 @@ class LocalModel(Defaults, forbid_unknown_fields=True, kw_only=True):
     filters: Filters | None = None
     display_name: Annotated[str | None, msgspec.Meta(description="listed in /v1/models as \"name\"")] = None
     description: Annotated[str | None, msgspec.Meta(description="listed in /v1/models")] = None
+    backend_bin: Annotated[str | None, msgspec.Meta(
+        description="backend llamacpp: run this llama-server binary instead of the Python server "
+                    "(default: $LLAMA_SERVER when set)")] = None
+
+
+class GroupSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """How a group (the models with the same ``group:``) treats the others; one member runs at a time."""
+
+    exclusive: Annotated[bool, msgspec.Meta(
+        description="starting a member unloads the models of every other group (and of none) "
+                    "that is not persistent")] = False
+    persistent: Annotated[bool, msgspec.Meta(
+        description="other groups never unload its members (they still swap among themselves)")] = False
+
+
+class StartupHooks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    preload: Annotated[list[str], msgspec.Meta(
+        description="models started when serve starts, in this order (the endpoint does not wait)")] = []
+
+
+class Hooks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    on_startup: StartupHooks | None = None
 
 
 class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -200,12 +233,17 @@ class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     macros: Annotated[dict[str, MacroValue], msgspec.Meta(
         description="user macros: ${NAME} in any string of a model; ${env.NAME} reads the environment; "
                     "built-in: PORT MODEL NAME THREADS PYTHON")] = {}
+    groups: Annotated[dict[str, GroupSettings], msgspec.Meta(
+        description="per group name (a model's group:): exclusive, persistent")] = {}
+    hooks: Hooks | None = None
 
 
 class _Top(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[Any]
     defaults: Defaults | None = None
     macros: dict[str, MacroValue] = {}
+    groups: dict[str, Any] = {}  # each converted on its own: an error names the group and its line
+    hooks: Hooks | None = None
 
 
 def local_schema() -> dict[str, Any]:
@@ -229,6 +267,36 @@ def llamacpp_command(name: str, served: str, args: list[str]) -> tuple[str, ...]
     if "--n_threads" not in args:
         base += ["--n_threads", "${THREADS}"]
     return tuple(base + args)
+
+
+#: the Python server's flags and the llama-server flags they are (llama.cpp's tools/server README)
+LLAMA_SERVER_FLAGS = {"--n_ctx": "--ctx-size", "--n_threads": "--threads", "--n_threads_batch": "--threads-batch",
+                      "--n_gpu_layers": "--n-gpu-layers", "--n_batch": "--batch-size", "--n_ubatch": "--ubatch-size",
+                      "--main_gpu": "--main-gpu", "--seed": "--seed", "--rope_freq_base": "--rope-freq-base",
+                      "--rope_freq_scale": "--rope-freq-scale", "--model_alias": "--alias", "--chat_format": None}
+
+
+def llama_server_command(binary: str, served: str, args: list[str]) -> tuple[str, ...]:
+    """llama.cpp's own ``llama-server``: ``-m``, ``--alias``, ``--port``, its Prometheus page on
+    (``--metrics``); the Python server's ``--n_ctx``-style flags in ``args`` are mapped to
+    llama-server's (``--chat_format`` has no equivalent: dropped with its value), others pass as given."""
+    mapped: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in LLAMA_SERVER_FLAGS:
+            new = LLAMA_SERVER_FLAGS[a]
+            if new is None:
+                skip = True
+                continue
+            a = new
+        mapped.append(a)
+    base = [binary, "-m", "${MODEL}", "--alias", served, "--host", "127.0.0.1", "--port", "${PORT}", "--metrics"]
+    if not {"--threads", "-t"} & set(mapped):
+        base += ["--threads", "${THREADS}"]
+    return tuple(base + mapped)
 
 
 def _words(value: Command | list[str | int | float]) -> list[str]:
@@ -259,9 +327,17 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
             src.error(path, f"model {name!r}: backend llamacpp needs 'model' (a GGUF file)")
         if cmd is not None:
             src.error((*path, cmd_key), "backend llamacpp builds its own command; use args, or backend: command")
-        command = llamacpp_command(name, m.served_name or name, args)
-        health = health or "/v1/models"
+        binary = m.backend_bin or os.environ.get("LLAMA_SERVER") or ""
+        if binary:  # llama.cpp's own server: /health answers 200 once the model is loaded
+            command = llama_server_command(os.path.expanduser(binary), m.served_name or name, args)
+            health = health or "/health"
+        else:
+            command = llamacpp_command(name, m.served_name or name, args)
+            health = health or "/v1/models"
     elif backend == "command":
+        if m.backend_bin is not None:
+            src.error((*path, "backend_bin"), "backend_bin is the llama-server of backend: llamacpp; "
+                      "with backend: command write the binary in cmd")
         words = _words(cmd) if cmd is not None else []
         fixed = m.proxy is not None and "${PORT}" not in m.proxy  # the process listens on the proxy's port
         if not words and not (cmd is None and m.proxy is not None):  # proxy without cmd: nothing started
@@ -294,7 +370,9 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
         idle_ttl=pick("idle_ttl", 300.0), stop_timeout=pick("stop_timeout", 10.0),
         group=m.group or None, priority=m.priority, routing=m.routing,
         scheduler=m.scheduler.strip() if m.scheduler else None, context_window=m.context_window,
-        backend=backend, **extra)
+        backend=backend,
+        send_loading_state=m.send_loading_state if m.send_loading_state is not None else d.send_loading_state,
+        **extra)
 
 
 def _options(src: Source, path: Path, m: LocalModel, backend: str, command: tuple[str, ...]) -> dict[str, Any]:
@@ -371,8 +449,37 @@ def _load(path: str) -> tuple[Source, list[tuple[int, LocalModelSpec]]]:
             out.append((i, spec))
     src.raise_problems()
     check_unique_names(src, [(i, s.name, s.aliases) for i, s in out])
+    out = _groups_and_hooks(src, top, out)
     src.raise_problems()
     return src, out
+
+
+def _groups_and_hooks(src: Source, top: _Top, out: list[tuple[int, LocalModelSpec]]
+                      ) -> list[tuple[int, LocalModelSpec]]:
+    """Each model gets its group's policy; a ``groups:`` entry no model names and a preload of an
+    unknown model are errors."""
+    used = {s.group for _, s in out if s.group}
+    groups: dict[str, GroupSettings] = {}
+    for g, raw in top.groups.items():
+        if g not in used:
+            src.error(("groups", g), f"no model has group: {g}{suggest(g, used)}", key=True)
+        conv = convert(src, raw if raw is not None else {}, GroupSettings, ("groups", g))
+        if conv is not None:
+            groups[g] = conv
+    names = {n for _, s in out for n in (s.name, *s.aliases)}
+    hooks = top.hooks.on_startup if top.hooks is not None else None
+    for j, want in enumerate(hooks.preload if hooks is not None else []):
+        if want not in names:
+            src.error(("hooks", "on_startup", "preload", j), f"unknown model {want!r}{suggest(want, names)}")
+    return [(i, dataclasses.replace(s, exclusive=groups[s.group].exclusive, persistent=groups[s.group].persistent)
+             if s.group in groups else s) for i, s in out]
+
+
+def startup_preload(path: str) -> list[str]:
+    """``hooks.on_startup.preload`` of a valid file: the model names to start when serve starts."""
+    _src, top = read_models_file(path, _Top)
+    hooks = top.hooks.on_startup if top.hooks is not None else None
+    return list(hooks.preload) if hooks is not None else []
 
 
 def load_local_config(path: str) -> list[LocalModelSpec]:

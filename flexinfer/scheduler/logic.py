@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from flexinfer import labels, units
 from flexinfer.backends import Support, UnknownBackendError, canonical_name, support_level
@@ -430,26 +430,29 @@ def raw_scores(pod: PodFacts, nodes: Sequence[NodeFacts], settings: ExtenderSett
                inputs: ScoreInputs = ScoreInputs(), static: Mapping[str, float] | None = None) -> dict[str, float]:
     """Raw score per node name (duplicates: first wins), the same arithmetic as :func:`raw_score`.
 
-    Tokens/s is looked up once per device class; ``static`` (name → :func:`static_score` of that
-    very node, as the inventory keeps it) saves recomputing the node-only part.
+    Column-wise (the per-node work in C where it can be: 5,000 nodes per call): tokens/s is looked
+    up once per device class; ``static`` (name → :func:`static_score` of that very node, as the
+    inventory and the NodeList facts cache keep it) saves recomputing the node-only part.
     """
     adj = tenant_adjustment(settings, inputs.tenant_used_gpus)
     wt = settings.tps_weight
-    bench, fallback = inputs.bench, inputs.fallback_tps
-    tps_by_class: dict[str, float] = {}
-    cached = static or {}
-    out: dict[str, float] = {}
-    for node in nodes:
-        name = node.name
-        if name in out:
-            continue
-        tps = tps_by_class.get(node.device_class)
-        if tps is None:
-            tps = tps_by_class[node.device_class] = node_tps(pod, node, bench, fallback)
-        st = cached.get(name)
-        if st is None:
-            st = static_score(node, settings)
-        out[name] = tps * wt + st + adj
+    names = [n.name for n in nodes]
+    classes = [n.device_class for n in nodes]
+    firsts = dict(zip(reversed(classes), reversed(nodes), strict=True))  # a node of each class
+    tps_wt = {c: node_tps(pod, n, inputs.bench, inputs.fallback_tps) * wt for c, n in firsts.items()}
+    sts: list[float]
+    if static:
+        got = list(map(static.get, names))
+        sts = [static_score(n, settings) if v is None else v for n, v in zip(nodes, got, strict=True)] \
+            if None in got else cast("list[float]", got)
+    else:
+        sts = [static_score(n, settings) for n in nodes]
+    vals = [tps_wt[c] + v + adj for c, v in zip(classes, sts, strict=True)]
+    out = dict(zip(names, vals, strict=True))
+    if len(out) != len(names):  # duplicate names: the first one's score
+        out = {}
+        for name, v in zip(names, vals, strict=True):
+            out.setdefault(name, v)
     return out
 
 

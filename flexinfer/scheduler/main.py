@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from flexinfer.k8s.client import new_api_client
+from flexinfer.scheduler.memory import tune_malloc
 from flexinfer.scheduler.server import ExtenderHandler, make_app
 from flexinfer.scheduler.settings import load_extender_settings
 
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_extender_settings()
     app = make_app(settings, args.namespace)
     http_settings = from_env(HTTPSettings, max_body_json=args.max_body_mb * MiB)
+    tune_malloc(http_settings.max_body_json)  # 20 MiB NodeList bodies reuse warm heap (memory.py)
     state: dict[str, Any] = {}
 
     async def on_start(server: Any) -> None:

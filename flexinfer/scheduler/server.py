@@ -45,6 +45,16 @@ class Reply(NamedTuple):
     content_type: bytes = JSON
 
 
+class Candidates(NamedTuple):
+    """The request's nodes: facts, names the inventory does not know (NodeNames form), every name in
+    request order, and the items' JSON as received (fast-path Nodes form) for the filter's echo."""
+
+    facts: list[logic.NodeFacts]
+    missing: list[str]
+    names: list[str]
+    raws: list[Any] | None
+
+
 class ExtenderMetrics:
     """The extender's Prometheus objects, in their own registry."""
 
@@ -125,23 +135,29 @@ class ExtenderApp:
 
     # -- verbs --------------------------------------------------------------------------------------
 
-    def _candidates(self, args: wire.ExtenderArgs) -> tuple[list[logic.NodeFacts], list[str]] | Reply:
+    def _candidates(self, args: wire.ExtenderArgs, verb: str) -> Candidates | Reply:
+        """Facts of the request's nodes. Raises :class:`wire.WireError` for a bad NodeList item."""
+        if args.items is not None:  # the fast path: raw items, facts from the cache
+            facts = self.node_cache.resolve(args.items, verb)
+            return Candidates(facts, [], [f.name for f in facts], args.items)
         if args.nodes is not None:
-            return self.node_cache.facts(args.nodes), []
+            return Candidates(self.node_cache.facts(args.nodes), [], [n.name for n in args.nodes], None)
         if not self.inventory.nodes_synced:
             return Reply(503, wire.error_result("node cache not synced yet"))
-        return self.inventory.lookup(args.node_names or [])
+        names = args.node_names or []
+        facts, missing = self.inventory.lookup(names)
+        return Candidates(facts, missing, names, None)
 
     def filter(self, body: bytes) -> Reply:
         """``ExtenderArgs`` → ``ExtenderFilterResult``."""
         try:
-            args = wire.parse_args(body, self.node_cache.get)
+            args = wire.parse_args(body)
+            got = self._candidates(args, "filter")
         except wire.WireError as exc:
             return Reply(400, wire.filter_result([], {}, {}, error=str(exc)))
-        got = self._candidates(args)
         if isinstance(got, Reply):
             return got
-        facts, missing = got
+        facts, missing = got.facts, got.missing
         pod = logic.pod_facts(args.pod, self.settings.tenant_label_key)
         out = logic.filter_nodes(pod, facts)
         for name in missing:
@@ -155,25 +171,29 @@ class ExtenderApp:
                 counts[code] = counts.get(code, 0) + 1
         for code, n in counts.items():
             self.metrics.filtered.labels(code).inc(n)
-        return Reply(200, wire.filter_result(out.passed, out.failed, out.unresolvable, nodes=args.nodes))
+        echo = None
+        if args.is_nodes_form:
+            raws = got.raws if got.raws is not None else [n.json() for n in args.nodes or []]
+            echo = (got.names, raws)
+        return Reply(200, wire.filter_result(out.passed, out.failed, out.unresolvable, echo=echo))
 
     def score(self, body: bytes) -> Reply:
         """``ExtenderArgs`` → ``HostPriorityList`` with integer scores 0..10."""
         try:
-            args = wire.parse_args(body, self.node_cache.get)
+            args = wire.parse_args(body)
+            got = self._candidates(args, "score")
         except wire.WireError as exc:
             return Reply(400, wire.error_result(str(exc)))
-        got = self._candidates(args)
         if isinstance(got, Reply):
             return got
-        facts, missing = got
+        facts, missing = got.facts, got.missing
         pod = logic.pod_facts(args.pod, self.settings.tenant_label_key)
         inv = self.inventory
         used = inv.tenant_used(pod.tenant)
         inputs = logic.ScoreInputs(bench=inv.bench(pod.namespace),
                                    fallback_tps=inv.deployment_tps(pod.namespace, pod.deployment),
                                    tenant_used_gpus=used)
-        static = inv.nodes.static if args.nodes is None else None
+        static = None if args.is_nodes_form else inv.nodes.static
         scores = logic.score_nodes(pod, facts, self.settings, inputs, static)
         for name in missing:
             scores.setdefault(name, 0)
@@ -181,8 +201,7 @@ class ExtenderApp:
             self.metrics.tenant_usage.labels(pod.tenant).set(used / self.settings.tenant_budget_gpus)
             self.metrics.tenant_adj.labels(pod.tenant).set(logic.tenant_adjustment(self.settings, used))
         self.metrics.nodes.labels("score").observe(len(scores))
-        order = list(dict.fromkeys(args.names))
-        return Reply(200, wire.priority_list(scores, order))
+        return Reply(200, wire.priority_list(scores, list(dict.fromkeys(got.names))))
 
 
 class ExtenderHandler:

@@ -12,19 +12,20 @@ FailedAndUnresolvableNodes, Error}``. Prioritize answer: ``HostPriorityList`` = 
 Every malformed body raises :class:`WireError` with a message for a 400; nothing here raises
 anything else on bad input. No logic, no I/O.
 
-Speed (reliability plan E2/F20): a NodeList body is ~1 KiB per node (4.6 MiB for 5,000 nodes) and the
-extender reads only each node's name, labels and annotations, and kube-scheduler sends the same
-objects call after call. With ``msgspec`` installed (the ``kube`` extra) the body is *not* decoded
-into Python objects: one pass splits ``Nodes.items`` into each item's raw JSON bytes
-(:class:`WireNode`); an item the caller has seen before, byte for byte (``known``, the server's
-facts cache), is not decoded at all; the others are decoded alone; the filter answer echoes the raw
-bytes. Without msgspec, or for any body the fast path cannot read, the full ``orjson`` decode runs
-(it also words every 400 message), so both paths accept and reject the same bodies.
+Speed (reliability plan E2/F20): a NodeList body is ~4 KiB per node (20.7 MiB for 5,000 realistic
+nodes), the extender reads only each node's name, labels and annotations, and kube-scheduler sends
+the same objects call after call. With ``msgspec`` the body is *not* decoded into Python objects: one
+pass splits ``Nodes.items`` into each item's raw JSON (``msgspec.Raw``, a view into the body, no copy)
+and :func:`parse_args` returns them in ``ExtenderArgs.items``; the caller (the facts cache,
+``nodecache.py``) decodes only the items it has not seen, with :func:`item_doc`, and the filter
+answer echoes the raw views. Without msgspec, or for any body the fast path cannot read, the full
+``orjson`` decode runs (it also words every 400 message), so both paths accept and reject the same
+bodies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,44 +42,46 @@ class WireError(ValueError):
 
 
 class WireNode:
-    """One ``Nodes.items`` entry: its name, and its JSON as received (``raw``, the fast path) and/or
-    its decoded dict (``obj``; None on the fast path when the caller already knew this exact JSON)."""
+    """One ``Nodes.items`` entry of the full decode: its name and its decoded dict."""
 
-    __slots__ = ("known", "name", "obj", "raw")
+    __slots__ = ("name", "obj")
 
-    def __init__(self, name: str, raw: bytes | None = None, obj: dict[str, Any] | None = None,
-                 known: Any = None) -> None:
-        self.name, self.raw, self.obj, self.known = name, raw, obj, known
+    def __init__(self, name: str, obj: dict[str, Any]) -> None:
+        self.name, self.obj = name, obj
 
     def doc(self) -> dict[str, Any]:
-        """The node as a dict (decoded now if it was not)."""
-        if self.obj is None:
-            self.obj = orjson.loads(self.raw) if self.raw is not None else {}
+        """The node as a dict."""
         return self.obj
 
     def json(self) -> bytes:
-        """The node's JSON as received (re-encoded only on the dict path)."""
-        return self.raw if self.raw is not None else orjson.dumps(self.obj)
+        """The node's JSON (re-encoded)."""
+        return orjson.dumps(self.obj)
 
 
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
-    """A parsed request: the pod and either full node objects or node names."""
+    """A parsed request: the pod and one of the node forms. ``items`` is the Nodes form as read by
+    the fast path: each item's JSON as received (``msgspec.Raw``, a view into the body), not decoded;
+    ``nodes`` is the Nodes form of the full decode; ``node_names`` the NodeNames form."""
 
     pod: dict[str, Any]
     nodes: list[WireNode] | None = None
     node_names: list[str] | None = None
+    items: list[Any] | None = None
+
+    @property
+    def is_nodes_form(self) -> bool:
+        return self.items is not None or self.nodes is not None
 
     @property
     def names(self) -> list[str]:
-        """Candidate node names, in request order."""
+        """Candidate node names, in request order (decodes ``items``: for tests, not the hot path)."""
+        if self.items is not None:
+            return [item_doc(i, raw)[0] for i, raw in enumerate(self.items)]
         if self.nodes is not None:
             return [n.name for n in self.nodes]
         return list(self.node_names or [])
 
-
-Known = Callable[[bytes], Any]
-"""What the caller keeps for an item's exact JSON (an object with a ``name``), or None if new to it."""
 
 FAST = msgspec is not None
 """Use the msgspec fast path (tests switch it off to check both paths agree)."""
@@ -98,14 +101,25 @@ class _Fallback(Exception):
     """The fast path cannot read this body; the full decode decides (and words the 400)."""
 
 
-def _unknown(raw: bytes) -> Any:
-    return None
+def item_doc(i: int, raw: Any) -> tuple[str, dict[str, Any]]:
+    """Decode ``Nodes.items[i]`` (its JSON as received): (metadata.name, the dict). Raises
+    :class:`WireError` with the full decode's message when the item has no usable name."""
+    try:
+        obj = orjson.loads(memoryview(raw))
+    except orjson.JSONDecodeError as exc:  # pragma: no cover - msgspec validated it
+        raise WireError(f"invalid JSON in Nodes.items[{i}]: {exc}") from None
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise WireError(f"Nodes.items[{i}] has no metadata.name")
+    return name, obj
 
 
-def _fast_parse(body: bytes, known: Known) -> ExtenderArgs:
-    """One msgspec pass over the body keeps each item's bytes; items ``known`` knows are not decoded.
-    Only the Go field names are matched here: anything else (lower-case keys, NodeNames, errors) falls
-    back to the full decode."""
+def _fast_parse(body: bytes) -> ExtenderArgs:
+    """One msgspec pass over the body splits ``Nodes.items`` into raw views without decoding them
+    (the caller looks each up in its facts cache and decodes only new ones with :func:`item_doc`).
+    Only the Go field names are matched here: anything else (lower-case keys, NodeNames, errors)
+    falls back to the full decode."""
     try:
         args = _ARGS.decode(body)
     except msgspec.DecodeError:
@@ -113,25 +127,12 @@ def _fast_parse(body: bytes, known: Known) -> ExtenderArgs:
     if args.Nodes is None or args.Nodes.items is None or not args.Pod:
         raise _Fallback
     try:
-        pod = orjson.loads(bytes(args.Pod))
+        pod = orjson.loads(memoryview(args.Pod))
     except orjson.JSONDecodeError:  # pragma: no cover - msgspec validated it
         raise _Fallback from None
     if not isinstance(pod, dict) or ("metadata" in pod and not isinstance(pod["metadata"], dict)):
         raise _Fallback
-    nodes: list[WireNode] = []
-    for item in args.Nodes.items:
-        raw = bytes(item)
-        seen = known(raw)
-        if seen is not None:
-            nodes.append(WireNode(seen.name, raw, known=seen))
-            continue
-        obj = orjson.loads(raw)
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if not isinstance(name, str) or not name:
-            raise _Fallback
-        nodes.append(WireNode(name, raw, obj))
-    return ExtenderArgs(pod=pod, nodes=nodes)
+    return ExtenderArgs(pod=pod, items=args.Nodes.items)
 
 
 def _ci(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,15 +143,14 @@ def _ci(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_args(body: bytes, known: Known = _unknown) -> ExtenderArgs:
-    """Parse an ``ExtenderArgs`` body; raise :class:`WireError` on anything unusable.
-
-    ``known`` lets the fast path skip decoding node items the caller has seen before."""
+def parse_args(body: bytes) -> ExtenderArgs:
+    """Parse an ``ExtenderArgs`` body; raise :class:`WireError` on anything unusable (on the fast
+    path an item's name is checked when the caller decodes it: :func:`item_doc`)."""
     if not body:
         raise WireError("empty body: expected ExtenderArgs JSON")
     if FAST:
         try:
-            return _fast_parse(body, known)
+            return _fast_parse(body)
         except _Fallback:
             pass
     try:
@@ -180,7 +180,7 @@ def parse_args(body: bytes, known: Known = _unknown) -> ExtenderArgs:
             name = meta.get("name") if isinstance(meta, dict) else None
             if not isinstance(name, str) or not name:
                 raise WireError(f"Nodes.items[{i}] has no metadata.name")
-            nodes.append(WireNode(name, obj=node))
+            nodes.append(WireNode(name, node))
         return ExtenderArgs(pod=pod, nodes=nodes)
     if names_raw is not None:
         if not isinstance(names_raw, list) or not all(isinstance(n, str) and n for n in names_raw):
@@ -190,28 +190,37 @@ def parse_args(body: bytes, known: Known = _unknown) -> ExtenderArgs:
 
 
 def filter_result(passed: Sequence[str], failed: Mapping[str, str], unresolvable: Mapping[str, str],
-                  *, nodes: Sequence[WireNode] | None = None, error: str = "") -> bytes:
-    """Encode ``ExtenderFilterResult``. ``nodes`` (the request's objects) echoes the Nodes form:
-    the passing items' JSON exactly as received."""
+                  *, echo: tuple[Sequence[str], Sequence[Any]] | None = None, error: str = "") -> bytes:
+    """Encode ``ExtenderFilterResult``. ``echo`` = (name, JSON as received) of every request item,
+    for the Nodes form: the passing items are echoed exactly as received, joined in one copy (the
+    ``Nodes`` key goes last, so the items are the tail of the answer)."""
     result: dict[str, Any] = {
         "Nodes": None,
-        "NodeNames": list(passed),
-        "FailedNodes": dict(failed),
-        "FailedAndUnresolvableNodes": dict(unresolvable),
+        "NodeNames": passed,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
         "Error": error,
     }
-    if nodes is None:
+    if echo is None:
         return orjson.dumps(result)
     del result["Nodes"]
+    head = orjson.dumps(result)[:-1] + b',"Nodes":{"metadata":{},"items":['
     keep = set(passed)
-    items = [n.json() for n in nodes if n.name in keep]
-    return b"".join((b'{"Nodes":{"metadata":{},"items":[', b",".join(items), b"]},", orjson.dumps(result)[1:]))
+    names, raws = echo
+    items: list[Any] = [raw for name, raw in zip(names, raws, strict=True) if name in keep]
+    if not items:
+        return head + b"]}}"
+    # one copy of the items: the head rides on the first, the tail on the last
+    items[-1] = b"".join((items[-1], b"]}}"))
+    items[0] = head + items[0]
+    return b",".join(items)
+
 
 
 def priority_list(scores: Mapping[str, int], order: Sequence[str] | None = None) -> bytes:
     """Encode ``HostPriorityList`` (in ``order`` when given, else the mapping's order)."""
     names = order if order is not None else list(scores)
-    return orjson.dumps([{"Host": n, "Score": int(scores[n])} for n in names if n in scores])
+    return orjson.dumps([{"Host": n, "Score": scores[n]} for n in names if n in scores])
 
 
 def error_result(message: str) -> bytes:

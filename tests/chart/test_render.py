@@ -54,6 +54,7 @@ MATRIX: dict[str, dict[str, Any]] = {
     "static-proxy": {"proxy": {"kube": False, "staticConfig": {"models": {"m": {"url": "http://m:8000"}}}}},
     "redis-deploy": {"redis": {"deploy": True}, "networkPolicy": {"enabled": True},
                      "proxy": {"replicas": 3}},
+    "global-proxy": {"globalProxy": {"enabled": True, "name": "global"}},
     "redis-external": {"redis": {"url": "rediss://redis.example.com:6380/2", "prefix": "prod"},
                        "proxy": {"autoscaling": {"enabled": True}}},
 }

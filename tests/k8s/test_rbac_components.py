@@ -9,7 +9,7 @@ The scenarios are the existing tests of each component, run through their own ha
 ``as_user`` view of the emulator (the component talks as its ServiceAccount, the test's own setup
 stays admin): ``tests/operator`` (the Model of ``examples/v1alpha2/model-cpu.yaml`` plus the Model,
 ModelDeployment, ModelCache, GPUGroup and LoRAAdapter lifecycles, the Cluster and FederatedModel examples on a
-member emulator), ``tests/runtime/kube`` (``proxy --kube``:
+member emulator, a ModelCatalog sync), ``tests/runtime/kube`` (``proxy --kube``:
 listing, routing to endpoints, wake-ups), ``tests/scheduler`` (the extender's node/pod/ConfigMap
 inventory), ``tests/agent`` (the node agent) and ``tests/tps`` (the bench publisher).
 """
@@ -229,16 +229,30 @@ async def _operator_federation(kube: KubeEnv) -> None:
         await examples_scenario(kube, Path(d))
 
 
+async def _operator_catalog(kube: KubeEnv) -> None:
+    from tests.operator.hub_servers import HubServer, OllamaServer, ollama_model
+    from tests.operator.test_catalog import test_failing_registry_is_a_condition_others_still_sync
+
+    hubsrv = await HubServer([], token="t").start()
+    ollama = await OllamaServer([ollama_model("llama3.2:3b-instruct-q4_K_M", 2019393189),
+                                 ollama_model("gemma3:4b", 3338801804, family="gemma")]).start()
+    try:  # a sync that reads a registry's Secret (missing) and writes the catalog's status
+        await test_failing_registry_is_a_condition_others_still_sync(kube, (None, hubsrv, ollama))
+    finally:
+        await hubsrv.stop()
+        await ollama.stop()
+
+
 def _operator_scenarios() -> list[Any]:
     from tests.operator import test_gpugroup, test_lora, test_model, test_modelcache, test_modeldeployment
 
     return [_operator_model_cpu, test_model.test_lifecycle_create_ready_delete,
             test_model.test_cache_gating_and_alias_conflicts, test_modeldeployment.test_modeldeployment,
             test_modelcache.test_modelcache, test_gpugroup.test_gpugroup_anti_thrashing,
-            test_lora.test_lora_adapter, _operator_federation]
+            test_lora.test_lora_adapter, _operator_federation, _operator_catalog]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 async def test_operator_under_rbac(as_component: Any, index: int) -> None:
     fn = _operator_scenarios()[index]
     _, view = await as_component("operator", True)

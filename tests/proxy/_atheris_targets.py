@@ -109,8 +109,8 @@ def t_routing(data: bytes) -> None:
     hdrs = _Headers({b"x-session-id": fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 40)),
                      b"x-flexinfer-cache-key": fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 40))})
     body = fdp.ConsumeBytes(fdp.remaining_bytes())
-    try:
-        name, upstream = extract.route_path(path)
+    try:  # as the pipeline does: the path is normalized (merged slashes, dot segments refused) first
+        name, upstream = extract.route_path(extract.normalize_path(path))
         if not upstream.startswith("/v1/") or "/../" in upstream or "//" in upstream:
             raise AssertionError(f"route_path({path!r}) let {upstream!r} through")
         if name is not None:

@@ -95,7 +95,7 @@ def test_status_reads_the_proxys_counters_and_rates(local: LocalStack) -> None:
             group: g1
             command: {stub_cmd()}
     """)
-    adm: LocalAdmin = local.handler.admin  # type: ignore[attr-defined]
+    adm: LocalAdmin = local.handler.admin.inner  # type: ignore[attr-defined]  # serve's ReloadAdmin wraps it
     clock = adm.clock = Clock()  # the rates' clock, moved by hand: no wall-clock figure is asserted
     c = openai.OpenAI(base_url=local.base_url, api_key="k", max_retries=0)
     c.chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
