@@ -106,6 +106,7 @@ class ProxyHandler:
         self.new_request_id = request_ids.new
         self.server: HTTPServer | None = None
         self.access_log = accesslog.AccessLog() if settings.access_log else None
+        self._open: dict[str, int] = {}  # requests holding a slot of a model's concurrency_limit
         if self.access_log is not None:  # refusals of on_headers are logged too (off: no wrapper)
             self.on_headers = accesslog.refusals(self.on_headers, self.access_log)  # type: ignore[method-assign,assignment]
 
@@ -189,6 +190,7 @@ class ProxyHandler:
             await self.admin.handle(req, resp)
             return
         model_label = ""
+        held: str | None = None  # the model whose concurrency_limit slot this request holds
         resp.cancel_on_disconnect()  # stop waiting/forwarding the moment the client leaves
         try:
             if self.draining:
@@ -223,6 +225,11 @@ class ProxyHandler:
             model_label = view.name
             if self.scaler is not None:
                 self.scaler.record_demand(view)
+            if view.concurrency_limit is not None:  # per-model options (ModelView): off, one read each
+                held = self._admit(view)
+            filtered = False
+            if view.filters is not None and data is not None:
+                filtered = view.filters.apply(data)
             if self.limiter is not None:
                 pending = self.limiter.check(view.name)
                 if pending is not None:  # a shared (Redis) lease is on its way
@@ -247,6 +254,11 @@ class ProxyHandler:
                 body = orjson.dumps(data)
                 ctx.extra_headers.append((b"x-flexinfer-maxtokens-clamped", b"%d->%d" % clamped))
                 self.metrics.max_tokens_clamped.labels(view.name).inc()
+            elif filtered:  # the model's filters changed the body: encoded again
+                assert data is not None
+                if "model" in data:
+                    data["model"] = target
+                body = orjson.dumps(data)
             elif data is not None and "model" in data:
                 body = extract.rewrite_model(body, data, target, model_scan)
             if self._ask_usage and data is not None and data.get("stream") is True and ctx.path in usage.USAGE_PATHS:
@@ -263,10 +275,33 @@ class ProxyHandler:
             if not resp.finished:
                 resp.abort()
         finally:
+            if held is not None:
+                self._release(held)
             if ctx.tokens is not None:  # charge what the response says it used (token limits)
                 ctx.tokens.settle()
             if self.access_log is not None:
                 self.access_log.request(req, resp, ctx, model_label)
+
+    def _admit(self, view: ModelView) -> str:
+        """A slot of the model's ``concurrency_limit`` (released by :meth:`_release`), or 429 at once."""
+        name = view.name
+        held = self._open.get(name, 0)
+        limit = view.concurrency_limit
+        assert limit is not None
+        if held >= limit:
+            self.metrics.rate_limited.labels(name, "concurrency").inc()
+            raise errors.RateLimited(f"model {name!r} already has {held} requests in flight (its "
+                                     f"concurrency_limit); retry shortly", retry_after=1,
+                                     code="concurrency_limit_exceeded")
+        self._open[name] = held + 1
+        return name
+
+    def _release(self, name: str) -> None:
+        left = self._open.get(name, 1) - 1
+        if left > 0:
+            self._open[name] = left
+        else:
+            self._open.pop(name, None)
 
     async def _activate(self, view: ModelView, ctx: RequestContext, resp: ResponseWriter,
                         data: dict[str, Any] | None) -> ModelView:
@@ -313,7 +348,7 @@ class ProxyHandler:
             resp.send(200, [*JSON, (b"x-request-id", ctx.request_id), (b"cache-control", b"no-store")],
                       debugview.document(self.inventory.models(), self.router))
         elif path == "/v1/models":
-            data = [self._model_object(v) for v in self.inventory.models()]
+            data = [self._model_object(v) for v in self.inventory.models() if not v.unlisted]
             resp.send(200, [*JSON, (b"x-request-id", ctx.request_id)],
                       orjson.dumps({"object": "list", "data": data}))
         else:  # /v1/models/<id>

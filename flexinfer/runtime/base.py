@@ -9,6 +9,7 @@ Nothing here does I/O; views are immutable snapshots swapped atomically when any
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -91,6 +92,28 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
+class BodyFilters:
+    """A model's request-body filters (``filters:`` of ``flexinfer serve``'s config): keys removed
+    from, then values forced into, a JSON request body before it is forwarded. ``model`` is never
+    among them (the config refuses it)."""
+
+    strip_params: tuple[str, ...] = ()
+    set_params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def apply(self, data: dict[str, Any]) -> bool:
+        """Filter ``data`` in place; True when it changed (the body must be encoded again)."""
+        changed = False
+        for key in self.strip_params:
+            if key in data:
+                del data[key]
+                changed = True
+        for key, value in self.set_params.items():  # containers copied: the body is the request's own
+            data[key] = copy.deepcopy(value) if isinstance(value, dict | list) else value
+            changed = True
+        return changed
+
+
+@dataclass(frozen=True, slots=True)
 class ModelView:
     """Everything the proxy needs to serve one model, frozen."""
 
@@ -107,6 +130,11 @@ class ModelView:
     owned_by: str = "flexinfer"
     created: int = 0
     metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    #: per-model limits the proxy enforces (None/False: off, one attribute read per request)
+    concurrency_limit: int | None = None  # requests in flight to the model; beyond it 429 + Retry-After
+    response_timeout: float | None = None  # seconds to the upstream's response head (None: PROXY_RESPONSE_TIMEOUT)
+    filters: BodyFilters | None = None  # applied to JSON bodies before forwarding
+    unlisted: bool = False  # served, but not in GET /v1/models
     #: routing "weighted": endpoint key -> weight (a missing key weighs 1; 0: never picked while
     #: another endpoint is left). The global proxy's FederatedModel weights (runtime.globalrt)
     weights: Mapping[str, int] = field(default_factory=lambda: _EMPTY)

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from flexinfer.runtime.base import NO_LOAD, Endpoint, LoadView, ModelView, StaticInventoryBase
+from flexinfer.runtime.base import NO_LOAD, LoadView, ModelView, StaticInventoryBase
 from flexinfer.runtime.localconfig import LocalModelSpec
+from flexinfer.runtime.localproc import port_accepts, stop_by_command
 from flexinfer.sharing import GroupPolicy, Member, Windows, choose_leader, evictions
 
 log = logging.getLogger("flexinfer.local")
@@ -43,7 +44,7 @@ log = logging.getLogger("flexinfer.local")
 POLL_INTERVAL = 0.05
 LOG_LINES = 2000
 #: what the running process is made of: a change of any of these restarts the model on reload
-PROCESS_FIELDS = ("command", "model", "env", "health_path", "backend")
+PROCESS_FIELDS = ("command", "model", "env", "health_path", "backend", "proxy")
 
 
 class StartError(RuntimeError):
@@ -56,14 +57,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def http_ok(port: int, path: str, timeout: float = 1.0) -> bool:
-    """True when ``GET path`` on 127.0.0.1:port answers 2xx."""
+async def http_ok(port: int, path: str, timeout: float = 1.0, host: str = "127.0.0.1") -> bool:
+    """True when ``GET path`` on host:port answers 2xx."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     except (OSError, TimeoutError):
         return False
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
         line = await asyncio.wait_for(reader.readline(), timeout)
         parts = line.split(b" ", 2)
         return len(parts) >= 2 and parts[1][:1] == b"2"
@@ -96,6 +97,8 @@ class _State:
     def __post_init__(self) -> None:
         self.logs: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
         self.followers: set[asyncio.Queue[str | None]] = set()
+        if not self.spec.command:  # proxy: without cmd: a server started elsewhere, never started here
+            self.state = "ready"
 
 
 class LocalRuntime(StaticInventoryBase):
@@ -126,11 +129,14 @@ class LocalRuntime(StaticInventoryBase):
         s = st.spec
         ready = st.state == "ready"
         return ModelView(
-            name=s.name, endpoints=(Endpoint("127.0.0.1", st.port),) if ready else (), ready=ready,
+            name=s.name, endpoints=(s.upstream(st.port),) if ready else (), ready=ready,
             served_name=s.served_name, aliases=s.aliases, routing=s.routing, scheduler=s.scheduler,
             cold_start_timeout=s.cold_start_timeout or s.start_timeout, context_window=s.context_window, owned_by="flexinfer-local",
             metadata={"backend": s.backend, "state": st.state, "group": s.group, "priority": s.priority,
+                      **_listing(s),
                       **({} if s.send_loading_state is None else {"send_loading_state": s.send_loading_state})},
+            concurrency_limit=s.concurrency_limit, response_timeout=s.response_timeout, filters=s.filters,
+            unlisted=s.unlisted,
         )
 
     def _publish(self, st: _State) -> None:
@@ -210,7 +216,7 @@ class LocalRuntime(StaticInventoryBase):
             await asyncio.sleep(min(1.0, max(0.05, self.windows.demand / 10)))
 
     async def _drain_and_stop(self, st: _State, preempted: bool) -> None:
-        key = f"127.0.0.1:{st.port}"
+        key = st.spec.upstream(st.port).key
         end = time.monotonic() + self.drain_timeout
         while self.load.in_flight(key) > 0 and time.monotonic() < end:
             await asyncio.sleep(0.05)
@@ -238,7 +244,11 @@ class LocalRuntime(StaticInventoryBase):
             st.state = "starting"
             self._publish(st)
             await asyncio.wait(pending)
-        st.port = free_port()
+        if not s.command:  # a server started elsewhere (proxy: without cmd)
+            st.state = "ready"
+            self._publish(st)
+            return
+        st.port = s.fixed_port or free_port()
         argv = s.render(st.port)
         env = {**os.environ, **s.env}
         st.state, st.started_at, st.intentional_stop = "starting", time.monotonic(), False
@@ -264,7 +274,7 @@ class LocalRuntime(StaticInventoryBase):
                 st.last_error = f"process exited with code {st.proc.returncode} during start: {tail}"
                 self._publish(st)
                 raise StartError(st.last_error)
-            if await http_ok(st.port, s.health_path, timeout=min(1.0, s.start_timeout)):
+            if await self._healthy(st, min(1.0, s.start_timeout)):
                 break
             if time.monotonic() > deadline:
                 st.last_error = f"not healthy after {s.start_timeout:g}s"
@@ -280,6 +290,13 @@ class LocalRuntime(StaticInventoryBase):
         self._publish(st)
         st.watch_task = asyncio.get_running_loop().create_task(self._watch(st, st.proc))
         self._ensure_reaper()
+
+    async def _healthy(self, st: _State, timeout: float) -> bool:
+        """The readiness probe: ``GET health_path`` answers 2xx, or (``check_endpoint: none``) the port accepts."""
+        ep = st.spec.upstream(st.port)
+        if not st.spec.health_path:
+            return await port_accepts(ep.host, ep.port, timeout)
+        return await http_ok(ep.port, st.spec.health_path, timeout=timeout, host=ep.host)
 
     async def _pump_logs(self, st: _State, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -322,6 +339,8 @@ class LocalRuntime(StaticInventoryBase):
         proc = st.proc
         if proc is None or proc.returncode is not None:
             return
+        if st.spec.stop_command and await stop_by_command(st.spec, st.port, proc, st.spec.env, st.logs):
+            return  # cmd_stop stopped it (else, or when it hung: the signals below)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -337,6 +356,8 @@ class LocalRuntime(StaticInventoryBase):
 
     async def _stop_state(self, st: _State) -> bool:
         name = st.spec.name
+        if not st.spec.command:  # a server started elsewhere: nothing of ours to stop
+            return False
         if st.proc is None or st.proc.returncode is not None:
             if st.state != "stopped":
                 st.state = "stopped"
@@ -442,10 +463,10 @@ class LocalRuntime(StaticInventoryBase):
             now = self.clock()
             for st in list(self.procs.values()):  # a reload may swap the dict while a stop awaits
                 ttl = st.spec.idle_ttl
-                if st.state != "ready" or ttl <= 0:
+                if st.state != "ready" or ttl <= 0 or not st.spec.command:
                     continue
                 idle_since = st.last_request if st.last_request is not None else now
-                if now - idle_since > ttl and self.load.in_flight(f"127.0.0.1:{st.port}") == 0:
+                if now - idle_since > ttl and self.load.in_flight(st.spec.upstream(st.port).key) == 0:
                     log.info("%s idle for %.0fs: unloading", st.spec.name, now - idle_since)
                     await self._stop_state(st)
 
@@ -475,6 +496,12 @@ class LocalRuntime(StaticInventoryBase):
 
     def unfollow(self, name: str, q: asyncio.Queue[str | None]) -> None:
         self.procs[name].followers.discard(q)
+
+
+def _listing(s: LocalModelSpec) -> dict[str, str]:
+    """``display_name`` and ``description``, as ``/v1/models`` lists them (only those set)."""
+    out = {"name": s.display_name, "description": s.description}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 class SwapCollector(Collector):

@@ -53,6 +53,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from flexinfer.runtime.base import BodyFilters, Endpoint
 from flexinfer.runtime.configfile import (
     MACRO_RE,
     InventoryConfigError,
@@ -66,15 +67,14 @@ from flexinfer.runtime.configfile import (
     unescape,
     user_macros,
 )
-from flexinfer.runtime.peers import split_url
+from flexinfer.runtime.localoptions import Filters, model_options
+from flexinfer.runtime.peers import Peer, PeerSpec, parse_peers
 from flexinfer.runtime.static import MacroValue, Routing, check_routing, check_unique_names, read_models_file
 
-BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON"})
+BUILTIN_MACROS = frozenset({"PORT", "MODEL", "NAME", "THREADS", "PYTHON", "MODEL_ID"})
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@+\-]{0,126}"
-#: what the proxy accepts as a model name (flexinfer.proxy.extract), "/" included: org/model at a peer
-PEER_MODEL_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._:/@+\-]{0,254}[A-Za-z0-9])?$"
 BACKENDS = ("command", "llamacpp")
-_COMMAND_KEYS = ("cmd", "command", "args")
+_COMMAND_KEYS = ("cmd", "command", "args", "proxy", "cmd_stop")
 _BACKEND_ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp"}
 #: the default config shipped in the package: ``flexinfer serve`` without ``-c`` (SmolLM2 via pkg://)
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_local.yaml")
@@ -104,16 +104,38 @@ class LocalModelSpec:
     scheduler: str | None = None  # with routing: scored, the chain (the composition root checks it)
     context_window: int | None = None
     backend: str = "command"
+    # per-model options (docs/config.md "Per-model options"); health_path "" is check_endpoint: none
+    proxy: str | None = None  # the upstream URL (may use ${PORT}); None: http://127.0.0.1:${PORT}
+    stop_command: tuple[str, ...] = ()  # cmd_stop (built-ins and ${PID} filled in at stop)
+    unlisted: bool = False
+    concurrency_limit: int | None = None
+    response_timeout: float | None = None
+    filters: BodyFilters | None = None
+    display_name: str | None = None
+    description: str | None = None
     exclusive: bool = False  # its group's policy (``groups:``): starting it unloads other groups
     persistent: bool = False  # its group's policy: other groups' starts never unload it
     send_loading_state: bool | None = None  # progress as reasoning_content while it loads (None: global)
 
-    def render(self, port: int) -> list[str]:
-        """The argv with the built-in macros filled in (``$$`` -> ``$``)."""
-        values = {"PORT": str(port), "MODEL": self.model, "NAME": self.name,
-                  "THREADS": str(os.cpu_count() or 1), "PYTHON": sys.executable}
+    def render(self, port: int, words: tuple[str, ...] | None = None, pid: int = 0) -> list[str]:
+        """The argv (or ``words``: the stop command) with the built-in macros filled in (``$$`` -> ``$``)."""
+        values = {"PORT": str(port), "MODEL": self.model, "NAME": self.name, "MODEL_ID": self.name,
+                  "THREADS": str(os.cpu_count() or 1), "PYTHON": sys.executable, "PID": str(pid)}
         return [MACRO_RE.sub(lambda m: "$" if m.group(1) is None else values[m.group(1)], part)
-                for part in self.command]
+                for part in (self.command if words is None else words)]
+
+    @property
+    def fixed_port(self) -> int | None:
+        """The port of a ``proxy:`` URL that does not use ``${PORT}`` (the process must listen there)."""
+        if self.proxy is None or "${PORT}" in self.proxy:
+            return None
+        return Endpoint.parse(self.proxy.replace("$$", "$")).port
+
+    def upstream(self, port: int) -> Endpoint:
+        """Where requests go when the model listens on ``port`` (``proxy:``, or 127.0.0.1)."""
+        if self.proxy is None:
+            return Endpoint("127.0.0.1", port)
+        return Endpoint.parse(self.render(port, (self.proxy,))[0])
 
 
 class Defaults(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -155,6 +177,23 @@ class LocalModel(Defaults, forbid_unknown_fields=True, kw_only=True):
     routing: Routing = "default"
     scheduler: str | None = None
     context_window: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    proxy: Annotated[str | None, msgspec.Meta(
+        description="the upstream URL (http://host:port): a fixed port, or a server started elsewhere; "
+                    "with cmd it is where the process listens (may use ${PORT}); without cmd nothing is "
+                    "started")] = None
+    cmd_stop: Annotated[Command | None, msgspec.Meta(
+        description="run to stop the model instead of a signal (macros as in cmd, and ${PID}); "
+                    "bounded by stop_timeout, then the process is killed as usual")] = None
+    check_endpoint: Annotated[str | None, msgspec.Meta(
+        description="the health path (like health_path), or none: ready once the port accepts")] = None
+    unlisted: Annotated[bool, msgspec.Meta(description="served, but not listed in /v1/models")] = False
+    concurrency_limit: Annotated[Annotated[int, msgspec.Meta(ge=1)] | None, msgspec.Meta(
+        description="requests in flight to the model at most; more get 429 with Retry-After")] = None
+    response_timeout: Annotated[Annotated[float, msgspec.Meta(gt=0)] | None, msgspec.Meta(
+        description="seconds to the upstream's response head (default: PROXY_RESPONSE_TIMEOUT)")] = None
+    filters: Filters | None = None
+    display_name: Annotated[str | None, msgspec.Meta(description="listed in /v1/models as \"name\"")] = None
+    description: Annotated[str | None, msgspec.Meta(description="listed in /v1/models")] = None
     backend_bin: Annotated[str | None, msgspec.Meta(
         description="backend llamacpp: run this llama-server binary instead of the Python server "
                     "(default: $LLAMA_SERVER when set)")] = None
@@ -177,23 +216,6 @@ class StartupHooks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class Hooks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     on_startup: StartupHooks | None = None
-
-
-class Peer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """A remote OpenAI-compatible server whose models serve forwards to (llama-swap's ``peers``)."""
-
-    proxy: Annotated[str, msgspec.Meta(
-        description="the peer's base URL: https://host[:port][/path] (or http://); the request path is "
-                    "appended")]
-    models: Annotated[list[Annotated[str, msgspec.Meta(pattern=PEER_MODEL_PATTERN)]], msgspec.Meta(
-        min_length=1, description="model names served by the peer (listed in /v1/models)")]
-    api_key: Annotated[str | None, msgspec.Meta(
-        description="sent as Authorization: Bearer to the peer (e.g. ${env.KEY}); the client's own "
-                    "Authorization is never forwarded to a peer")] = None
-    ca_file: Annotated[str | None, msgspec.Meta(
-        description="https: PEM file of the CAs to trust instead of the system ones")] = None
-    insecure_skip_verify: Annotated[bool, msgspec.Meta(
-        description="https: skip certificate verification (testing only)")] = False
 
 
 class LocalFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -313,18 +335,23 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
             src.error((*path, "backend_bin"), "backend_bin is the llama-server of backend: llamacpp; "
                       "with backend: command write the binary in cmd")
         words = _words(cmd) if cmd is not None else []
-        if not words:
+        fixed = m.proxy is not None and "${PORT}" not in m.proxy  # the process listens on the proxy's port
+        if not words and not (cmd is None and m.proxy is not None):  # proxy without cmd: nothing started
             src.error(path if cmd is None else (*path, cmd_key), f"model {name!r}: needs 'cmd' (the command "
                       "that starts the server, with ${PORT}) or backend: llamacpp")
-        elif not any("${PORT}" in w for w in words):
-            src.error((*path, cmd_key), "the command must use ${PORT} (the port it must listen on)")
-        command = (*words, *args)
+        elif words and not fixed and not any("${PORT}" in w for w in words):
+            src.error((*path, cmd_key), "the command must use ${PORT} (the port it must listen on), or "
+                      "give proxy: with its fixed port")
+        command = (*words, *args) if words else ()
     else:
         src.error((*path, "backend"), f"unknown backend {m.backend!r}{suggest(m.backend, BACKENDS)} "
                   "(llamacpp or command)")
     check_routing(src, path, m.routing, m.scheduler)
+    extra = model_options(src, path, m, backend, command)
     if len(src.problems) > before:
         return None
+    if m.check_endpoint is not None:
+        health = "" if m.check_endpoint == "none" else m.check_endpoint
 
     def pick(key: str, default: float) -> float:
         v = getattr(m, key)
@@ -333,13 +360,15 @@ def _model(src: Source, i: int, m: LocalModel, d: Defaults) -> LocalModelSpec | 
 
     return LocalModelSpec(
         name=name, command=command, model=model_path, env={k: str(v) for k, v in m.env.items()},
-        aliases=tuple(m.aliases), served_name=m.served_name or name, health_path=health or "/health",
+        aliases=tuple(m.aliases), served_name=m.served_name or name,
+        health_path=health if m.check_endpoint is not None and health is not None else (health or "/health"),
         start_timeout=pick("start_timeout", 120.0), cold_start_timeout=pick("cold_start_timeout", 0.0) or None,
         idle_ttl=pick("idle_ttl", 300.0), stop_timeout=pick("stop_timeout", 10.0),
         group=m.group or None, priority=m.priority, routing=m.routing,
         scheduler=m.scheduler.strip() if m.scheduler else None, context_window=m.context_window,
         backend=backend,
-        send_loading_state=m.send_loading_state if m.send_loading_state is not None else d.send_loading_state)
+        send_loading_state=m.send_loading_state if m.send_loading_state is not None else d.send_loading_state,
+        **extra)
 
 
 def _expand_field(src: Source, path: Path, value: Any, macros: dict[str, str]) -> Any:
@@ -349,9 +378,10 @@ def _expand_field(src: Source, path: Path, value: Any, macros: dict[str, str]) -
     if key not in LocalModel.__struct_fields__:
         return value  # an unknown key: convert reports it
     if key in _COMMAND_KEYS:
-        return expand_tree(src, value, path, macros.get, BUILTIN_MACROS)
+        keep = BUILTIN_MACROS | {"PID"} if key == "cmd_stop" else BUILTIN_MACROS
+        return expand_tree(src, value, path, macros.get, keep)
     return unescape(expand_tree(src, value, path, macros.get, frozenset(),
-                                (BUILTIN_MACROS, "is filled in only in cmd and args")))
+                                (BUILTIN_MACROS, "is filled in only in cmd, args, proxy and cmd_stop")))
 
 
 def _load(path: str) -> tuple[Source, list[tuple[int, LocalModelSpec]]]:
@@ -376,49 +406,9 @@ def _load(path: str) -> tuple[Source, list[tuple[int, LocalModelSpec]]]:
     src.raise_problems()
     check_unique_names(src, [(i, s.name, s.aliases) for i, s in out])
     out = _groups_and_hooks(src, top, out)
-    _peers(src, top, macros, {n for _, s in out for n in (s.name, *s.aliases)})
+    parse_peers(src, top.peers, macros, {n for _, s in out for n in (s.name, *s.aliases)}, BUILTIN_MACROS)
     src.raise_problems()
     return src, out
-
-
-@dataclass(frozen=True, slots=True)
-class PeerSpec:
-    """One entry of ``peers:``, macros expanded (see :class:`Peer`)."""
-
-    name: str
-    proxy: str
-    models: tuple[str, ...]
-    api_key: str | None = field(default=None, repr=False)
-    ca_file: str | None = None
-    insecure_skip_verify: bool = False
-
-
-def _peers(src: Source, top: _Top, macros: dict[str, str], local: set[str]) -> list[PeerSpec]:
-    """``peers:``: typed, macros (``${env.KEY}``) expanded, a URL the upstream client can dial, model
-    names unique against the local models and the other peers."""
-    out: list[PeerSpec] = []
-    seen: dict[str, str] = {}
-    for name, raw in top.peers.items():
-        path: Path = ("peers", name)
-        if isinstance(raw, Mapping):
-            raw = {k: (unescape(expand_tree(src, v, (*path, str(k)), macros.get, frozenset(),
-                                            (BUILTIN_MACROS, "is filled in only in cmd and args")))
-                       if k in Peer.__struct_fields__ else v) for k, v in raw.items()}
-        p = convert(src, raw if raw is not None else {}, Peer, path)
-        if p is None:
-            continue
-        try:
-            split_url(p.proxy)
-        except ValueError as exc:
-            src.error((*path, "proxy"), str(exc))
-            continue
-        for j, m in enumerate(p.models):
-            other = seen.get(m) or ("a local model" if m in local else None)
-            if other is not None:
-                src.error((*path, "models", j), f"model {m!r} is also served by {other}")
-            seen[m] = f"peer {name!r}"
-        out.append(PeerSpec(name, p.proxy, tuple(p.models), p.api_key or None, p.ca_file, p.insecure_skip_verify))
-    return out
 
 
 def load_peers(path: str) -> list[PeerSpec]:
@@ -426,7 +416,7 @@ def load_peers(path: str) -> list[PeerSpec]:
     src, top = read_models_file(path, _Top)
     macros = user_macros(src, top.macros, BUILTIN_MACROS)
     names = {n for s in load_local_config(path) for n in (s.name, *s.aliases)}
-    peers = _peers(src, top, macros, names)
+    peers = parse_peers(src, top.peers, macros, names, BUILTIN_MACROS)
     src.raise_problems()
     return peers
 
@@ -489,7 +479,9 @@ def check_local_config(path: str) -> list[str]:
         entry = raw[i]
         if s.model and not os.path.isfile(s.model):
             src.error(("models", i, "model"), f"model file {s.model} does not exist")
-        why = _missing_program(s.render(0))
+        if s.stop_command and (why := _missing_program(s.render(0, s.stop_command))) is not None:
+            src.error(("models", i, "cmd_stop"), why)
+        why = _missing_program(s.render(0)) if s.command else None  # no cmd (proxy:): nothing to start
         if why is not None:
             key = next((k for k in ("cmd", "command", "backend") if k in entry), None)
             src.error(("models", i, key) if key else ("models", i), why)

@@ -1,7 +1,8 @@
 """Remote peers of ``flexinfer serve`` (``peers:`` in its config, llama-swap's shape): models served
 by forwarding to another OpenAI-compatible server, usually over https with an API key.
 
-Owns: the peer URL rules (:func:`split_url`: ``https://host[:port][/path]`` or ``http://``, the path
+Owns: the ``peers:`` entries' types (:class:`Peer`, :func:`parse_peers`, used by
+flexinfer.runtime.localconfig), the peer URL rules (:func:`split_url`: ``https://host[:port][/path]`` or ``http://``, the path
 becoming a prefix of every forwarded path), the peers' views (always ready: nothing to start; one
 endpoint whose :class:`~flexinfer.runtime.base.UpstreamLink` carries TLS settings and the API key,
 so the proxy's pool dials TLS and sets ``Authorization: Bearer``) and :class:`PeeredInventory`, the
@@ -11,15 +12,77 @@ Must not: do I/O, start anything, or let a peer's name shadow a local model (the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import msgspec
 
 from flexinfer.runtime.base import Endpoint, Inventory, ModelView
+from flexinfer.runtime.configfile import Path, Source, convert, expand_tree, unescape
 
-if TYPE_CHECKING:
-    from flexinfer.runtime.localconfig import PeerSpec
+__all__ = ["Peer", "PeerSpec", "PeeredInventory", "parse_peers", "peer_views", "split_url"]
 
-__all__ = ["PeeredInventory", "peer_views", "split_url"]
+#: what the proxy accepts as a model name (flexinfer.proxy.extract), "/" included: org/model at a peer
+PEER_MODEL_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._:/@+\-]{0,254}[A-Za-z0-9])?$"
+
+
+class Peer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A remote OpenAI-compatible server whose models serve forwards to (llama-swap's ``peers``)."""
+
+    proxy: Annotated[str, msgspec.Meta(
+        description="the peer's base URL: https://host[:port][/path] (or http://); the request path is "
+                    "appended")]
+    models: Annotated[list[Annotated[str, msgspec.Meta(pattern=PEER_MODEL_PATTERN)]], msgspec.Meta(
+        min_length=1, description="model names served by the peer (listed in /v1/models)")]
+    api_key: Annotated[str | None, msgspec.Meta(
+        description="sent as Authorization: Bearer to the peer (e.g. ${env.KEY}); the client's own "
+                    "Authorization is never forwarded to a peer")] = None
+    ca_file: Annotated[str | None, msgspec.Meta(
+        description="https: PEM file of the CAs to trust instead of the system ones")] = None
+    insecure_skip_verify: Annotated[bool, msgspec.Meta(
+        description="https: skip certificate verification (testing only)")] = False
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSpec:
+    """One entry of ``peers:``, macros expanded (see :class:`Peer`)."""
+
+    name: str
+    proxy: str
+    models: tuple[str, ...]
+    api_key: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+
+
+def parse_peers(src: Source, raw_peers: dict[str, Any], macros: dict[str, str], local: set[str],
+                builtins: frozenset[str]) -> list[PeerSpec]:
+    """``peers:``: typed, macros (``${env.KEY}``) expanded, a URL the upstream client can dial, model
+    names unique against the local models and the other peers."""
+    out: list[PeerSpec] = []
+    seen: dict[str, str] = {}
+    for name, raw in raw_peers.items():
+        path: Path = ("peers", name)
+        if isinstance(raw, Mapping):
+            raw = {k: (unescape(expand_tree(src, v, (*path, str(k)), macros.get, frozenset(),
+                                            (builtins, "is filled in only in cmd and args")))
+                       if k in Peer.__struct_fields__ else v) for k, v in raw.items()}
+        p = convert(src, raw if raw is not None else {}, Peer, path)
+        if p is None:
+            continue
+        try:
+            split_url(p.proxy)
+        except ValueError as exc:
+            src.error((*path, "proxy"), str(exc))
+            continue
+        for j, m in enumerate(p.models):
+            other = seen.get(m) or ("a local model" if m in local else None)
+            if other is not None:
+                src.error((*path, "models", j), f"model {m!r} is also served by {other}")
+            seen[m] = f"peer {name!r}"
+        out.append(PeerSpec(name, p.proxy, tuple(p.models), p.api_key or None, p.ca_file, p.insecure_skip_verify))
+    return out
 
 
 def split_url(url: str) -> tuple[str, str]:

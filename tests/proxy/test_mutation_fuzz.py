@@ -372,6 +372,8 @@ def backend_messages(backend: RawBackend, problems: list[str]) -> list[tuple[int
     found: list[tuple[int, Msg]] = []
     for ci, raw_ba in enumerate(backend.conns):
         raw = bytes(raw_ba)
+        if not raw:  # opened, then closed unused (its client went away first): nothing was forwarded
+            continue
         a, b = parse_httptools(raw, stop_on_close=False), parse_h11(raw)
         if a.state != "idle" or b.state != "idle" or [m.key() for m in a.msgs] != [m.key() for m in b.msgs]:
             problems.append(f"(2) upstream conn {ci}: httptools {a.state} {a.error} vs h11 {b.state} {b.error}; "
@@ -542,6 +544,8 @@ def test_mutation_fuzz_differential(fuzz_stack: FuzzStack, caplog: pytest.LogCap
     print(f"  responses by class: {dict(sorted(hist.items()))}")
     print(f"  by status: {dict(sorted(exact.items()))}")
     print(f"  proxy rejections: {dict(sorted(st.server.stats.rejections.items()))}")
+    print(f"  upstream connections: {len(st.backend.conns)}, "
+          f"{sum(1 for c in st.backend.conns if not c)} of them closed unused")
     print(f"  problems: {len(problems)}")
     assert not problems, f"{len(problems)} oracle failures; first {REPORT_MAX}:\n" + "\n".join(problems[:REPORT_MAX])
 

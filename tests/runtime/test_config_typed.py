@@ -148,7 +148,7 @@ def test_defect_unknown_macros_are_refused_and_env_is_spelt_env(tmp_path: Path,
           - name: a
             cmd: [x, "${PORT}"]
             env: {PORT: "${PORT}"}
-     """, ["c.yaml:4: models[0].env.PORT: the built-in macro ${PORT} is filled in only in cmd and args"]),
+     """, ["c.yaml:4: models[0].env.PORT: the built-in macro ${PORT} is filled in only in cmd, args, proxy and cmd_stop"]),
 ])
 def test_errors_name_file_line_and_path(tmp_path: Path, text: str, expected: list[str]) -> None:
     assert problems(write(tmp_path, text)) == expected

@@ -27,9 +27,9 @@ def _gp(strategy: str, urls: list[str], **spec: object) -> dict[str, object]:
 
 def test_the_example_file_loads() -> None:
     cfg = load_global(str(ROOT / "examples" / "global.yaml"))
-    assert (cfg.name, cfg.spec.strategy, [c.name for c in cfg.spec.clusters]) == ("global", "Failover",
+    assert (cfg.name, cfg.spec.strategy, [c.name for c in cfg.spec.clusters]) == ("global-mesh", "Failover",
                                                                                  ["core", "edge-1"])
-    assert dict(cfg.routing["qwen3-4b"].weights) == {"core": 3, "edge-1": 1}
+    assert dict(cfg.routing["qwen3-1.7b"].weights) == {"core": 3, "edge-1": 1}
 
 
 @pytest.mark.parametrize(("docs", "message"), [
