@@ -31,48 +31,47 @@ def sse_scan(bytes buf not None):
 
 
 cdef long _scan(const char* b, Py_ssize_t size) noexcept:
+    # From colon to colon (a JSON key is followed by one; a stream's event has about half as many
+    # colons as quotes): the key before each colon (whitespace skipped back) is compared with ours.
+    # Key occurrences cannot overlap, so this finds exactly the twin's left-to-right matches.
     cdef long n = 0
     cdef int flags = 0
-    cdef Py_ssize_t i = 0, j, k
+    cdef Py_ssize_t i = 0, j, k, c
     cdef const char* hit
     cdef int usage
     if (size >= 2 and b[size - 1] == 10 and b[size - 2] == 10) or (
             size >= 4 and memcmp(b + size - 4, b"\r\n\r\n", 4) == 0):
         flags = 1
     while i < size:
-        hit = <const char*>memchr(b + i, 34, size - i)  # '"'
+        hit = <const char*>memchr(b + i, 58, size - i)  # ':'
         if hit == NULL:
             break
-        i = hit - b
-        if i + 1 < size and b[i + 1] != 99 and b[i + 1] != 114 and b[i + 1] != 116 and b[i + 1] != 117:
-            i += 1  # no key of ours starts here ('c', 'r', 't', 'u'): the common quote
+        c = hit - b
+        i = c + 1
+        k = c - 1
+        while k >= 0 and (b[k] == 32 or b[k] == 9 or b[k] == 13 or b[k] == 10):
+            k -= 1
+        if k < 5 or b[k] != 34:  # the shortest key of ours, '"text"', ends at k >= 5
             continue
-        k = 0  # the length of the key with its quotes, when one starts here
         usage = 0
-        if i + 9 <= size and memcmp(hit, b'"content"', 9) == 0:
-            k = 9
-        elif i + 19 <= size and memcmp(hit, b'"reasoning_content"', 19) == 0:
-            k = 19
-        elif i + 6 <= size and memcmp(hit, b'"text"', 6) == 0:
-            k = 6
-        elif i + 7 <= size and memcmp(hit, b'"usage"', 7) == 0:
-            k = 7
+        if b[k - 1] == 116:  # ...t": content, reasoning_content, text
+            if not ((k >= 8 and memcmp(b + k - 8, b'"content"', 9) == 0) or
+                    (k >= 18 and memcmp(b + k - 18, b'"reasoning_content"', 19) == 0) or
+                    memcmp(b + k - 5, b'"text"', 6) == 0):
+                continue
+        elif b[k - 1] == 101:  # ...e": usage
+            if k < 6 or memcmp(b + k - 6, b'"usage"', 7) != 0:
+                continue
             usage = 1
-        if k == 0:
-            i += 1
+        else:
             continue
-        j = _skip_ws(b, i + k, size)
-        if j >= size or b[j] != 58:  # ':'
-            i += k - 1  # the key's closing quote may open the next string
-            continue
-        j = _skip_ws(b, j + 1, size)
+        j = _skip_ws(b, c + 1, size)
         if j < size:
             if usage:
                 if b[j] == 123:  # '{'
                     flags |= 2
             elif b[j] == 34 and j + 1 < size and b[j + 1] != 34:
                 n += 1
-        i = j
     return (n << 2) | flags
 
 
