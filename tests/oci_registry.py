@@ -30,7 +30,7 @@ import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import aiohttp.web
@@ -78,7 +78,41 @@ def libtrust_kid(cert: Path) -> str:
     return ":".join(b32[i:i + 4] for i in range(0, len(b32), 4))
 
 
-class TokenServer:
+class AioServer:
+    """A small aiohttp server on a free loopback port (subclasses add ``routes``); each request it
+    ``record``s goes into ``requests``."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.requests: list[dict[str, Any]] = []
+        self._runner: aiohttp.web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def routes(self, app: aiohttp.web.Application) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> Self:
+        app = aiohttp.web.Application()
+        self.routes(app)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def record(self, request: aiohttp.web.Request) -> None:
+        self.requests.append({"path": request.path, "query": list(request.query.items()),
+                              "authorization": request.headers.get("Authorization")})
+
+
+class TokenServer(AioServer):
     """A Docker/OCI token endpoint: ``GET /token?service=&scope=...`` with basic auth -> ``{"token"}``."""
 
     def __init__(self, directory: Path, users: Mapping[str, str], service: str, issuer: str) -> None:
@@ -89,9 +123,7 @@ class TokenServer:
                         str(self.cert), "-days", "2", "-subj", "/CN=flexinfer-test-token"], check=True,
                        capture_output=True)
         self.kid = libtrust_kid(self.cert)
-        self.port = free_port()
-        self.requests: list[dict[str, Any]] = []  # {"user", "scopes"} per token request
-        self._runner: aiohttp.web.AppRunner | None = None
+        super().__init__()  # requests: {"user", "scopes"} per token request
 
     @property
     def realm(self) -> str:
@@ -128,18 +160,8 @@ class TokenServer:
         token = await asyncio.get_running_loop().run_in_executor(None, self.sign, claims)
         return aiohttp.web.json_response({"token": token, "access_token": token, "expires_in": 600})
 
-    async def start(self) -> TokenServer:
-        app = aiohttp.web.Application()
+    def routes(self, app: aiohttp.web.Application) -> None:
         app.router.add_get("/token", self._token)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
 
 class OCIRegistry:

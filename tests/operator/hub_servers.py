@@ -17,12 +17,12 @@ Every request is recorded (path, query, Authorization) for the tests to look at.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any
 
 import aiohttp.web
 from yarl import URL
 
-from tests.harness import free_port
+from tests.oci_registry import AioServer
 
 
 def hf_model(mid: str, tags: Sequence[str] = (), files: Sequence[str] = ("README.md",), *,
@@ -37,38 +37,7 @@ def hf_model(mid: str, tags: Sequence[str] = (), files: Sequence[str] = ("README
     return m
 
 
-class _Server:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.requests: list[dict[str, Any]] = []
-        self._runner: aiohttp.web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def routes(self, app: aiohttp.web.Application) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> Self:
-        app = aiohttp.web.Application()
-        self.routes(app)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def record(self, request: aiohttp.web.Request) -> None:
-        self.requests.append({"path": request.path, "query": list(request.query.items()),
-                              "authorization": request.headers.get("Authorization")})
-
-
-class HubServer(_Server):
+class HubServer(AioServer):
     def __init__(self, models: Sequence[dict[str, Any]], *, token: str | None = None) -> None:
         super().__init__()
         self.models = list(models)
@@ -100,7 +69,7 @@ class HubServer(_Server):
         return aiohttp.web.json_response(page, headers=headers)
 
 
-class OllamaServer(_Server):
+class OllamaServer(AioServer):
     def __init__(self, models: Sequence[dict[str, Any]]) -> None:
         super().__init__()
         self.models = list(models)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -22,36 +21,18 @@ from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from flexinfer.runtime.localconfig import check_local_config, llama_server_command, load_local_config
-from tests.harness import free_port
-from tests.proxy._procs import env, stop
 from tests.runtime.test_local import alive, wait_for
-from tests.runtime.test_reload import ROOT, Serve, _listens, stub
+from tests.runtime.test_reload import Serve, stub
+from tests.runtime.test_reload import serve as reload_serve
 
 MSG = [{"role": "user", "content": "hi"}]
 
 
 @contextmanager
 def serve(tmp: Path, text: str, **envs: str) -> Iterator[Serve]:
-    """``flexinfer serve -c`` on ``text`` with the environment ``envs`` added."""
-    cfg = tmp / "local.yaml"
-    cfg.write_text(textwrap.dedent(text))
-    port = free_port()
-    log = tmp / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "info", "serve", "-c",
-                                 str(cfg), "--port", str(port), "--watch-interval", "0"], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=env(PROXY_GRACEFUL_SHUTDOWN_TIMEOUT="10", **envs))
-    try:
-        assert wait_for(lambda: proc.poll() is not None or _listens(port), 30), "serve did not listen"
-        assert proc.poll() is None, log.read_text()
-        s = Serve(cfg, port, proc, log)
-        try:
-            yield s
-        finally:
-            s.close()
-    finally:
-        stop(proc)
-        assert proc.returncode == 0, log.read_text()
+    """test_reload's ``flexinfer serve``, with the watcher off and the environment ``envs`` added."""
+    with reload_serve(tmp, text, "--watch-interval", "0", drain=10, **envs) as s:
+        yield s
 
 
 def pids(s: Serve) -> dict[str, int | None]:

@@ -96,9 +96,9 @@ class Serve:
 
 
 @contextmanager
-def serve(tmp: Path, text: str, *extra: str, drain: float = 20) -> Iterator[Serve]:
-    """``flexinfer serve`` on ``text`` with the flags ``extra``; ``drain``: its drain timeout (the
-    bound of a drain on reload, and of the shutdown)."""
+def serve(tmp: Path, text: str, *extra: str, drain: float = 20, **envs: str) -> Iterator[Serve]:
+    """``flexinfer serve`` on ``text`` with the flags ``extra`` and the environment ``envs`` added;
+    ``drain``: its drain timeout (the bound of a drain on reload, and of the shutdown)."""
     cfg = tmp / "local.yaml"
     cfg.write_text(textwrap.dedent(text))
     port = free_port()
@@ -106,7 +106,7 @@ def serve(tmp: Path, text: str, *extra: str, drain: float = 20) -> Iterator[Serv
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flexinfer.cli", "--log-level", "info", "serve", "-c",
                                  str(cfg), "--port", str(port), *extra], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=env(PROXY_GRACEFUL_SHUTDOWN_TIMEOUT=f"{drain:g}"))
+                                stderr=subprocess.STDOUT, env=env(PROXY_GRACEFUL_SHUTDOWN_TIMEOUT=f"{drain:g}", **envs))
     try:
         assert wait_for(lambda: proc.poll() is not None or _listens(port), 30), "serve did not listen"
         assert proc.poll() is None, log.read_text()
