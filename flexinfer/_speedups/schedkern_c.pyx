@@ -157,7 +157,7 @@ cdef void _lr(list f_, list r_, Py_ssize_t* idx, Py_ssize_t m, double* out) exce
 
 cdef void _ll(list t_, list p_, Py_ssize_t* idx, Py_ssize_t m, double* out, double* tmp) except *:
     cdef Py_ssize_t i, j
-    cdef double tlo = INF, plo = INF, thi = -INF, phi = -INF, t, p, tk, pk, s
+    cdef double tlo = INF, plo = INF, thi = -INF, phi = -INF, t, p, s
     cdef object to, po
     for j in range(m):
         i = idx[j]
@@ -177,13 +177,22 @@ cdef void _ll(list t_, list p_, Py_ssize_t* idx, Py_ssize_t m, double* out, doub
                 plo = p
             if p > phi:
                 phi = p
-    tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
-    pk = 50.0 / (phi - plo) if phi > plo else 0.0
     for j in range(m):
         i = idx[j]
-        s = 0.0 if _at(t_, i) is None else 50.0 - (out[j] - tlo) * tk
-        s = s + (0.0 if _at(p_, i) is None else 50.0 - (tmp[j] - plo) * pk)
+        s = 0.0 if _at(t_, i) is None else _half(out[j], tlo, thi)
+        s = s + (0.0 if _at(p_, i) is None else _half(tmp[j], plo, phi))
         out[j] = s
+
+
+cdef inline double _half(double v, double lo, double hi):
+    """The pure twin's _half: 50 at lo, 0 at hi (a quotient, so a subnormal span gives no NaN)."""
+    cdef double span
+    if not hi > lo:
+        return 50.0
+    span = hi - lo
+    if span == INF:
+        return 50.0 - 50.0 * ((v * 0.5 - lo * 0.5) / (hi * 0.5 - lo * 0.5))
+    return 50.0 - 50.0 * ((v - lo) / span)
 
 
 cdef void _kv(list k_, Py_ssize_t* idx, Py_ssize_t m, double* out) except *:

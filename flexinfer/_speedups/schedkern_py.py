@@ -18,6 +18,7 @@ from collections.abc import Sequence
 __all__ = ["best_of", "keep_below", "kv_free", "least_latency", "least_request"]
 
 EXCESS_FACTOR = 100.0
+_INF = float("inf")
 
 
 def least_request(in_flight: Sequence[int], running: Sequence[float | None]) -> list[float]:
@@ -70,15 +71,25 @@ def least_latency(ttft: Sequence[float | None], tpot: Sequence[float | None]) ->
                 plo = p
             if p > phi:
                 phi = p
-    tk = 50.0 / (thi - tlo) if thi > tlo else 0.0
-    pk = 50.0 / (phi - plo) if phi > plo else 0.0
     out: list[float] = []
     add = out.append
     for i in range(n):
         t = ttft[i]
         p = tpot[i]
-        add((0.0 if t is None else 50.0 - (float(t) - tlo) * tk) + (0.0 if p is None else 50.0 - (float(p) - plo) * pk))
+        add((0.0 if t is None else _half(float(t), tlo, thi)) + (0.0 if p is None else _half(float(p), plo, phi)))
     return out
+
+
+def _half(v: float, lo: float, hi: float) -> float:
+    """50 at ``lo``, 0 at ``hi``, linear between (50 when ``lo == hi``). The position is a quotient
+    of two differences, not a product with 50 / (hi - lo): a subnormal span would make that
+    factor infinite (and 0 x inf a NaN); a span past the largest double is halved first."""
+    if not hi > lo:
+        return 50.0
+    span = hi - lo
+    if span == _INF:
+        return 50.0 - 50.0 * ((v * 0.5 - lo * 0.5) / (hi * 0.5 - lo * 0.5))
+    return 50.0 - 50.0 * ((v - lo) / span)
 
 
 def kv_free(kv: Sequence[float | None]) -> list[float]:

@@ -35,6 +35,13 @@ def test_least_latency(schedkern: ModuleType) -> None:
         schedkern.least_latency([0.1], [])
 
 
+def test_least_latency_extreme_spans(schedkern: ModuleType) -> None:
+    # a subnormal span (50 / span is inf: the product form gave 0 x inf = NaN) and one past the largest double
+    assert schedkern.least_latency([5e-324, 0.0, None], [None, None, None]) == [0.0, 50.0, 0.0]
+    assert schedkern.least_latency([1e-320, 0.0, 5e-321], [None] * 3) == pytest.approx([0.0, 50.0, 25.0])
+    assert schedkern.least_latency([1.7e308, -1.7e308, 0.0], [1.0, 1.0, 1.0]) == [50.0, 100.0, 75.0]
+
+
 def test_kv_free_and_keep_below(schedkern: ModuleType) -> None:
     assert schedkern.kv_free([0.2, 0.5, None, 1.3, -0.1]) == pytest.approx([80, 50, 0, 0, 100])
     assert schedkern.keep_below([12.0, 3.0, None, 10.0, 9.5], 10.0) == [1, 2, 4]
@@ -58,7 +65,9 @@ def test_twins_agree_bit_for_bit(rows: list[tuple[int, float | None, float | Non
     f = [r[0] for r in rows]
     a, b, d, e = ([r[i] for r in rows] for i in range(1, 5))
     assert py.least_request(f, a) == c.least_request(f, a)
-    assert _bits(py.least_latency(b, d)) == _bits(c.least_latency(b, d))  # NaN (a subnormal divisor) == NaN
+    ll = py.least_latency(b, d)
+    assert _bits(ll) == _bits(c.least_latency(b, d))
+    assert all(0.0 <= x <= 100.0 for x in ll), ll  # never a NaN, whatever the span
     assert _bits(py.kv_free(e)) == _bits(c.kv_free(e))
     assert py.keep_below(a, 10.0) == c.keep_below(a, 10.0)
 
