@@ -214,7 +214,12 @@ async def amain(settings: AgentSettings, kubeconfig: str | None = None, *, once:
     metrics = AgentMetrics()
     server: Any = None
     if settings.metrics_port and not once:
-        server = start_http_server(settings.metrics_port, registry=metrics.registry)
+        try:
+            server = start_http_server(settings.metrics_port, registry=metrics.registry)
+        except OSError as exc:  # the port is taken (or not ours to bind): say so, no traceback
+            log.error("agent: cannot serve metrics on port %d: %s", settings.metrics_port,
+                      exc.strerror or exc)
+            return 2
     discovery = Discovery(root=settings.host_root, amd_min_discrete_mb=settings.amd_min_discrete_vram_mb)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

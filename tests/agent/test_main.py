@@ -213,14 +213,37 @@ async def test_agent_process_end_to_end(kube: KubeEnv, tmp_path: Path) -> None:
 
     seed_node(kube)
     make_card(tmp_path, 0, "0x1002", total=24 * GiB, used=2 * GiB, busy=9)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        mport = s.getsockname()[1]
     env = {**os.environ, "NODE_NAME": "gpu-1", "POD_NAMESPACE": "flexinfer-system"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "agent", "--interval", "200ms",
-        "--metrics-port", str(mport), "--host-root", str(tmp_path), "--kubeconfig", str(kube.kubeconfig_path),
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+
+    async def launch() -> tuple[asyncio.subprocess.Process, int]:
+        """The agent on a free port; again on another one if something took the port between the
+        probe's close and the agent's bind (the agent then exits with EADDRINUSE)."""
+        for _ in range(5):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            p = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "agent", "--interval", "200ms",
+                "--metrics-port", str(port), "--host-root", str(tmp_path), "--kubeconfig",
+                str(kube.kubeconfig_path), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            end = asyncio.get_running_loop().time() + 30
+            while p.returncode is None and asyncio.get_running_loop().time() < end:
+                try:
+                    _, w = await asyncio.open_connection("127.0.0.1", port)
+                    w.close()
+                    await w.wait_closed()
+                    return p, port
+                except OSError:
+                    await asyncio.sleep(0.05)
+            if p.returncode is None:
+                return p, port  # not listening in 30 s: the checks below say why
+            assert p.stdout is not None
+            out = (await p.stdout.read()).decode(errors="replace")
+            if "in use" not in out.lower():
+                raise AssertionError(f"the agent exited with {p.returncode}:\n{out[-3000:]}")
+        raise AssertionError("no free metrics port in 5 tries")
+
+    proc, mport = await launch()
     try:
         loop = asyncio.get_running_loop()
         end = loop.time() + 30
@@ -248,3 +271,16 @@ async def test_agent_process_end_to_end(kube: KubeEnv, tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The metrics port in use: exit status 2 and one error line that names the port (was a traceback)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level("ERROR", logger="flexinfer.agent.main"):
+            assert await amain(settings(host_root=str(tmp_path), metrics_port=port), "/nonexistent") == 2
+    assert f"cannot serve metrics on port {port}" in caplog.text and "in use" in caplog.text
