@@ -256,4 +256,9 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
+    from flexinfer.k8s.client import kubeconfig_problem
+
+    if (why := kubeconfig_problem(args.kubeconfig)) is not None:
+        log.error("agent: %s", why)
+        return 2
     return asyncio.run(amain(settings, args.kubeconfig, once=args.once))

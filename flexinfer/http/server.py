@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -231,7 +232,11 @@ def _serve(make_handler: Callable[[], Handler], settings: HTTPSettings, host: st
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         server = HTTPServer(make_handler(), settings, host=host, port=port, reuse_port=reuse_port)
-        await server.start()
+        try:
+            await server.start()
+        except OSError as exc:  # the port is taken, the address is not ours: one line, no traceback
+            log.error("cannot listen on %s:%d: %s", host, port, _why(exc))
+            return 2
         code = 0
         try:
             if on_start is not None:
@@ -258,13 +263,30 @@ def _serve(make_handler: Callable[[], Handler], settings: HTTPSettings, host: st
         return 1
 
 
-def _reserve_port(host: str) -> socket.socket:
-    """A bound (not listening) SO_REUSEPORT socket on an ephemeral port the workers then share."""
-    family, type_, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+def _why(exc: OSError) -> str:
+    """An OSError of a bind as the words a user can act on (uvloop's message repeats the address)."""
+    if exc.errno == errno.EADDRINUSE:
+        return "the address is already in use (another process listens there; choose another --port)"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "the address is not one of this machine's"
+    return exc.strerror or str(exc)
+
+
+def _reserve_port(host: str, port: int = 0) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket on ``port`` (0: an ephemeral one) that the workers
+    then share: held by the supervisor, it keeps the port ours across worker restarts, and its bind
+    fails at once (OSError) where a worker's would (a port another process listens on)."""
+    family, type_, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     s = socket.socket(family, type_, proto)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind(addr)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(addr)
+    except OSError:
+        s.close()
+        raise
     return s
 
 
@@ -282,14 +304,17 @@ def run(make_handler: Callable[[], Handler], settings: HTTPSettings, *, host: st
     others keep serving. SIGTERM/SIGINT is forwarded to the workers, then the sidecars get SIGTERM;
     a child still alive ``drain_timeout + KILL_GRACE`` after its signal gets SIGKILL. Returns 0 when
     every child's last exit was 0. With ``port=0`` the parent reserves one port for all, restarted
-    workers included. ``workers=1`` without sidecars serves in this process (no supervisor).
+    workers included; a port that cannot be bound ends the supervisor (status 2) before any fork. ``workers=1`` without sidecars serves in this process (no supervisor).
     """
     if workers <= 1 and not sidecars:
         return _serve(make_handler, settings, host, port, False, on_start, on_stop)
 
-    reserved = _reserve_port(host) if port == 0 else None
-    if reserved is not None:
-        port = reserved.getsockname()[1]
+    try:  # before any fork: a taken port is one error line, not workers restarted forever
+        reserved = _reserve_port(host, port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, _why(exc))
+        return 2
+    port = reserved.getsockname()[1]
 
     def worker() -> int:  # pragma: no cover - runs in the child
         return _serve(make_handler, settings, host, port, True, on_start, on_stop)
@@ -297,7 +322,6 @@ def run(make_handler: Callable[[], Handler], settings: HTTPSettings, *, host: st
     try:
         return supervise(worker, max(1, workers), sidecars=sidecars, on_worker_exit=on_worker_exit,
                          kill_after=settings.drain_timeout + KILL_GRACE,
-                         after_fork=reserved.close if reserved is not None else None)
+                         after_fork=reserved.close)
     finally:
-        if reserved is not None:
-            reserved.close()
+        reserved.close()

@@ -49,7 +49,7 @@ def _priority(raw: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run until interrupted; exit 0 on a clean stop, 1 on bad settings."""
+    """Run until interrupted; exit 0 on a clean stop, 1 on bad settings, 2 on an unusable kubeconfig."""
     import os
 
     import kopf
@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"operator: error: {e}")
         return 1
+    from flexinfer.k8s.client import kubeconfig_problem
+
+    if (why := kubeconfig_problem(args.kubeconfig)) is not None:
+        print(f"operator: error: {why}")  # before kopf starts: it would retry its login forever
+        return 2
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's kubeconfig login reads it
     op = Operator(settings=settings)

@@ -52,8 +52,12 @@ async def _freeze_when_synced(watchers: list[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit code."""
     from flexinfer.http.server import run as http_run
+    from flexinfer.k8s.client import kubeconfig_problem
     from flexinfer.settings import HTTPSettings, from_env
 
+    if (why := kubeconfig_problem(args.kubeconfig)) is not None:
+        log.error("extender: %s", why)
+        return 2
     settings = load_extender_settings()
     app = make_app(settings, args.namespace)
     http_settings = from_env(HTTPSettings, max_body_json=args.max_body_mb * MiB)

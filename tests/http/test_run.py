@@ -129,3 +129,20 @@ def test_run_workers_reuseport_and_sigterm_drain(workers: int) -> None:
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_taken_port_is_one_error_line(workers: int) -> None:
+    """Another process listens on the port: exit status 2 at once with one line that says so (no
+    traceback; with workers, the supervisor finds out before it forks instead of restarting
+    workers that cannot bind, forever)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-c", SCRIPT, str(port), str(workers)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "ready" not in out.stdout and "restarting" not in out.stderr
