@@ -93,7 +93,8 @@ class SharedParts:
                                               timeout=s.health_check_timeout, path=s.health_check_path)
 
         def follow(_view: object = None) -> None:
-            checker.set_endpoints(sorted({e.key for v in inventory.models() for e in v.endpoints}))
+            eps = [e for v in inventory.models() for e in v.endpoints]
+            checker.set_endpoints(sorted({e.key for e in eps}), {e.key: e.link for e in eps if e.link is not None})
 
         follow()
         inventory.subscribe(follow)
@@ -120,8 +121,8 @@ class SharedParts:
                                                max_age=s.engine_metrics_max_age)
 
         def follow(_view: object = None) -> None:
-            scraper.set_endpoints(sorted({e.key for v in inventory.models() if v.routing == "scored"
-                                          for e in v.endpoints}))
+            eps = [e for v in inventory.models() if v.routing == "scored" for e in v.endpoints]
+            scraper.set_endpoints(sorted({e.key for e in eps}), {e.key: e.link for e in eps if e.link is not None})
 
         follow()
         inventory.subscribe(follow)

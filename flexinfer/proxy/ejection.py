@@ -25,9 +25,11 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from flexinfer.proxy.sidedial import side_auth, side_open, side_path
 
 # kinds that count toward the consecutive-failure run ("health": a check answered but not with 2xx)
 FAILURE_KINDS = frozenset(("connect", "5xx", "timeout", "health"))
@@ -187,12 +189,15 @@ class HealthChecker:
         self.path = path
         self._sem = asyncio.Semaphore(max(1, concurrency))
         self._keys: tuple[str, ...] = ()
+        self._links: dict[str, Any] = {}  # key -> UpstreamLink (TLS / keyed endpoints only)
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0  # completed rounds
         self.last: dict[str, str] = {}  # key -> last check result kind ("ok", "connect", ...)
 
-    def set_endpoints(self, keys: Iterable[str]) -> None:
-        """The endpoints to check from the next round on (``host:port`` keys from the inventory)."""
+    def set_endpoints(self, keys: Iterable[str], links: Mapping[str, Any] | None = None) -> None:
+        """The endpoints to check from the next round on (``host:port`` keys from the inventory),
+        with the ``UpstreamLink`` of those that have one (checked over TLS, with a peer's key)."""
+        self._links = dict(links or {})
         ks = tuple(dict.fromkeys(keys))
         for k in ks:
             _split(k)
@@ -203,13 +208,14 @@ class HealthChecker:
     async def check(self, key: str) -> str:
         """One check: ``ok`` (2xx), ``health`` (another answer), ``connect`` or ``timeout``."""
         host, port = _split(key)
+        link = self._links.get(key)
         hosthdr = f"[{host}]:{port}" if ":" in host else key
-        req = (f"GET {self.path} HTTP/1.1\r\nHost: {hosthdr}\r\nUser-Agent: flexinfer-health\r\n"
-               f"Accept: */*\r\nConnection: close\r\n\r\n").encode("ascii")
+        req = (f"GET {side_path(link, self.path)} HTTP/1.1\r\nHost: {hosthdr}\r\nUser-Agent: flexinfer-health\r\n"
+               f"{side_auth(link)}Accept: */*\r\nConnection: close\r\n\r\n").encode("latin-1")
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(self.timeout):
-                reader, writer = await asyncio.open_connection(host, port, limit=4096)
+                reader, writer = await side_open(host, port, link, 4096)
                 writer.write(req)
                 await writer.drain()
                 line = await reader.readline()

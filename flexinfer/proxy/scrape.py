@@ -34,11 +34,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from flexinfer.proxy.enginemetrics import EngineState, failed, fresh, parse, parse_adapters
+from flexinfer.proxy.sidedial import side_auth, side_open, side_path
 
 __all__ = ["EngineScraper", "ScrapeError"]
 
@@ -108,20 +109,23 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_
             raise ScrapeError("too_large")
 
 
-async def http_get(host: str, port: int, path: str, timeout: float, max_bytes: int) -> bytes:
-    """GET ``path`` over a fresh connection; the 200 answer's body, or :class:`ScrapeError`."""
+async def http_get(host: str, port: int, path: str, timeout: float, max_bytes: int,
+                   link: Any | None = None) -> bytes:
+    """GET ``path`` over a fresh connection (TLS, base path and key as the endpoint's ``link`` says:
+    :mod:`flexinfer.proxy.sidedial`); the 200 answer's body, or :class:`ScrapeError`."""
     writer: asyncio.StreamWriter | None = None
     connected = False
     try:
         async with asyncio.timeout(timeout):
             try:
-                reader, writer = await asyncio.open_connection(host, port, limit=_HEAD_LIMIT)
-            except OSError:
+                reader, writer = await side_open(host, port, link, _HEAD_LIMIT)
+            except OSError:  # refused, unreachable, or a failed TLS handshake (ssl.SSLError)
                 raise ScrapeError("connect") from None
             connected = True
             hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: {hostport}\r\nAccept: */*\r\n"
-                         f"User-Agent: flexinfer-scraper\r\nConnection: close\r\n\r\n".encode("latin-1"))
+            writer.write(f"GET {side_path(link, path)} HTTP/1.1\r\nHost: {hostport}\r\nAccept: */*\r\n"
+                         f"{side_auth(link)}User-Agent: flexinfer-scraper\r\nConnection: close\r\n\r\n"
+                         .encode("latin-1"))
             try:
                 raw = await reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError:
@@ -171,6 +175,7 @@ class EngineScraper:
         self.models_every = models_every  # fetch /v1/models every N scrapes (0: never)
         self._clock = clock
         self._targets: dict[str, tuple[str, int]] = {}
+        self._links: dict[str, Any] = {}  # key -> UpstreamLink (TLS / keyed endpoints only)
         self._good: dict[str, EngineState] = {}
         self._last: dict[str, EngineState] = {}
         self._inflight: dict[str, asyncio.Task[EngineState]] = {}
@@ -186,9 +191,11 @@ class EngineScraper:
         self.on_change: Callable[[], None] | None = None
 
     # ---- endpoints ---------------------------------------------------------------------------------
-    def set_endpoints(self, keys: Iterable[str]) -> None:
-        """The endpoints to scrape (``host:port``). Dropped ones are forgotten (state, counters) and
-        their scrape in flight is cancelled; new ones are scraped from the next tick."""
+    def set_endpoints(self, keys: Iterable[str], links: Mapping[str, Any] | None = None) -> None:
+        """The endpoints to scrape (``host:port``), with the ``UpstreamLink`` of those that have one
+        (TLS, a peer's key: dialled as their requests are). Dropped ones are forgotten (state,
+        counters) and their scrape in flight is cancelled; new ones are scraped from the next tick."""
+        self._links = dict(links or {})
         new: dict[str, tuple[str, int]] = {}
         for k in keys:
             new[k] = self._targets.get(k) or _split_key(k)
@@ -285,7 +292,8 @@ class EngineScraper:
         async with sem:
             prev = self._good.get(key)
             try:
-                body = await http_get(host, port, "/metrics", self.timeout, self.max_bytes)
+                link = self._links.get(key)
+                body = await http_get(host, port, "/metrics", self.timeout, self.max_bytes, link)
                 st = parse(body.decode("utf-8", "replace"), prev, self._clock(), self.max_bytes)
             except ScrapeError as e:
                 st = failed(prev, self._clock(), e.reason)
@@ -293,7 +301,7 @@ class EngineScraper:
             if st.error is None and self.models_every and n % self.models_every == 0:
                 try:
                     adapters = parse_adapters(await http_get(host, port, "/v1/models", self.timeout,
-                                                             _MODELS_MAX_BYTES))
+                                                             _MODELS_MAX_BYTES, link))
                     if adapters is None:
                         self._count(key, "malformed", models=True)
                     else:
