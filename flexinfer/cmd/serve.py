@@ -24,6 +24,7 @@ from flexinfer.settings import ProxySettings, SettingsError, load_proxy_settings
 if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
     from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.base import ModelView
     from flexinfer.runtime.local import LocalRuntime
     from flexinfer.runtime.localconfig import LocalModelSpec
     from flexinfer.runtime.reload import ConfigWatcher
@@ -66,9 +67,21 @@ def build_watched(config: str, settings: ProxySettings,
     load = ProxyLoad()
     digest = file_digest(config)  # before the load: a change made meanwhile is seen by the first poll
     runtime = LocalRuntime(load_local_config(config), drain_timeout=settings.http.drain_timeout, load=load)
-    watcher = ConfigWatcher(config, runtime, load_checked, interval=watch_interval, digest=digest)
-    peers = peer_views(load_peers(config))  # remote models (docs/tls.md); read at start, not reloaded
-    inventory = PeeredInventory(runtime, peers) if peers else runtime
+    # remote models (docs/tls.md): read with the models, at start and by every reload (a reload that
+    # a bad peer entry refuses keeps the old peers as it keeps the old models)
+    inventory = PeeredInventory(runtime, peer_views(load_peers(config)))
+    staged: list[list[ModelView]] = []
+
+    def load_all(path: str) -> list[LocalModelSpec]:
+        specs = load_checked(path)
+        staged[:] = [peer_views(load_peers(path))]
+        return specs
+
+    def apply_peers() -> dict[str, list[str]]:
+        return {"peers": inventory.set_peers(staged.pop())} if staged else {}
+
+    watcher = ConfigWatcher(config, runtime, load_all, interval=watch_interval, digest=digest,
+                            after_apply=apply_peers)
     handler = ProxyHandler(inventory, settings, scaler=runtime,
                            admin=ReloadAdmin(LocalAdmin(runtime, load, totals=load), watcher))
     load.bind(handler)

@@ -13,7 +13,7 @@ Must not: do I/O, start anything, or let a peer's name shadow a local model (the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 import msgspec
@@ -115,11 +115,25 @@ def peer_views(peers: Iterable[PeerSpec]) -> list[ModelView]:
 
 
 class PeeredInventory:
-    """An inventory (the local runtime's) with the peers' views in front: a dict lookup first."""
+    """An inventory (the local runtime's) with the peers' views in front: a dict lookup first.
+    :meth:`set_peers` replaces them (a config reload) and tells the subscribers."""
 
     def __init__(self, inner: Inventory, peers: Iterable[ModelView]) -> None:
         self.inner = inner
         self.peers: dict[str, ModelView] = {v.name: v for v in peers}
+        self._callbacks: list[Callable[[ModelView], None]] = []
+
+    def set_peers(self, peers: Iterable[ModelView]) -> list[str]:
+        """The peers' views from now on; each new or changed view goes to the subscribers (a
+        removed one too, not ready, so followers drop its endpoint). Returns the changed names."""
+        new = {v.name: v for v in peers}
+        old, self.peers = self.peers, new
+        changed = [n for n, v in new.items() if old.get(n) != v]
+        gone = [v for n, v in old.items() if n not in new]
+        for v in [*(new[n] for n in changed), *(replace(v, ready=False, endpoints=()) for v in gone)]:
+            for cb in list(self._callbacks):
+                cb(v)
+        return [*changed, *(v.name for v in gone)]
 
     def resolve(self, name: str) -> ModelView | None:
         view = self.peers.get(name)
@@ -129,4 +143,5 @@ class PeeredInventory:
         return [*self.inner.models(), *self.peers.values()]
 
     def subscribe(self, callback: Callable[[ModelView], None]) -> None:
-        self.inner.subscribe(callback)  # peers' views never change while serving
+        self.inner.subscribe(callback)
+        self._callbacks.append(callback)  # peers change only by set_peers (a reload)

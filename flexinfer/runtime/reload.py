@@ -58,10 +58,13 @@ class ConfigWatcher:
     itself) and on SIGHUP or :meth:`reload`."""
 
     def __init__(self, path: str, runtime: LocalRuntime, load: Loader, *, interval: float = 1.0,
-                 digest: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 digest: str | None = None, clock: Callable[[], float] = time.time,
+                 after_apply: Callable[[], dict[str, list[str]]] | None = None) -> None:
         self.path = path
         self.runtime = runtime
         self.load = load
+        #: run after the runtime applied a reload (serve's peers): more changes, by kind
+        self.after_apply = after_apply
         self.interval = interval
         self.clock = clock
         self.sha256 = digest or file_digest(path) or ""  # the config in use
@@ -149,6 +152,8 @@ class ConfigWatcher:
                 log.exception("config reload of %s failed", self.path)
                 return self._refused(reason, now, [f"{self.path}: {type(exc).__name__}: {exc}"])
             changes = await self.runtime.apply(specs)
+            if self.after_apply is not None:
+                changes = {**changes, **self.after_apply()}
             self.sha256, self.loaded_at = digest, now
             self.counts["success"] += 1
             self.last = {"result": "success", "at": now, "reason": reason, "errors": [],

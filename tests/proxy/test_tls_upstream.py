@@ -168,3 +168,44 @@ def test_global_proxy_https_member(tmp_path: Path, certs: Certs, tls_stub: StubE
         assert any(r.path == "/v1/chat/completions" for r in tls_stub.requests)
         assert any(r.path == "/health" for r in tls_stub.requests)  # the probe went over TLS too
         assert "Traceback" not in err.read_text()
+
+
+def test_serve_reload_adds_changes_and_removes_peers(tmp_path: Path, certs: Certs, tls_stub: StubEngine) -> None:
+    """``peers:`` follow the file like the models: a peer added, its key changed and removed by
+    reloads (no restart); a reload with a bad peer entry is refused and the old peers stay."""
+    cfg = tmp_path / "local.yaml"
+    local = "models:\n  - name: local-one\n    cmd: ${PYTHON} -m tests.stub_engine --port ${PORT}\n"
+    cfg.write_text(local)
+
+    def peer(key: str, models: str = "[peer-a]") -> str:
+        return (f"peers:\n  remote:\n    proxy: https://localhost:{tls_stub.port}/\n    api_key: {key}\n"
+                f"    ca_file: {certs.ca}\n    models: {models}\n")
+
+    def reloads(c: openai.OpenAI, result: str, n: int) -> None:
+        deadline = time.monotonic() + 20
+        while c.get("/config", cast_to=object)["reloads"][result] < n:  # type: ignore[index]
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+
+    with flexinfer(tmp_path, "serve", "-c", str(cfg), "--watch-interval", "0.1") as (base, err):
+        c = openai.OpenAI(base_url=base, api_key="client-key", max_retries=0)
+        root = openai.OpenAI(base_url=base.removesuffix("/v1"), api_key="client-key", max_retries=0)
+        assert "peer-a" not in [m.id for m in c.models.list()]
+        cfg.write_text(local + peer("k1"))
+        reloads(root, "success", 1)
+        assert "peer-a" in [m.id for m in c.models.list()]
+        assert c.chat.completions.create(model="peer-a", messages=MSGS).choices[0].message.content == "hello from stub"
+        cfg.write_text(local + peer("k2"))
+        reloads(root, "success", 2)
+        c.chat.completions.create(model="peer-a", messages=MSGS)
+        keys = [v for r in tls_stub.requests for k, v in r.raw_headers if k.lower() == b"authorization"]
+        assert keys == [b"Bearer k1", b"Bearer k2"]  # the new key from the reload on
+        cfg.write_text(local + peer("k3", models="[local-one]"))  # a peer model named like a local one
+        reloads(root, "failure", 1)
+        c.chat.completions.create(model="peer-a", messages=MSGS)  # refused: the old peers stay
+        cfg.write_text(local)
+        reloads(root, "success", 3)
+        assert "peer-a" not in [m.id for m in c.models.list()]
+        with pytest.raises(openai.NotFoundError):
+            c.chat.completions.create(model="peer-a", messages=MSGS)
+        assert len(tls_stub.requests) == 3 and "Traceback" not in err.read_text()
