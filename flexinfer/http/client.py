@@ -78,7 +78,14 @@ class _ExtraMessage(Exception):
     pass
 
 
-class _Conn(asyncio.Protocol):
+class _Compiled:
+    """An empty first base, so that the compiled build can make :class:`_Conn` an extension type
+    (client.pxd) while it stays an ``asyncio.Protocol`` (a Python class) for asyncio and mypy."""
+
+    __slots__ = ()
+
+
+class _Conn(_Compiled, asyncio.Protocol):
     """One upstream connection: one exchange at a time. The :class:`~flexinfer.http.upstream.BodySource`
     of the responses it parses (``loop``, ``paused``, ``pause_reading``, ``resume_reading``,
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
@@ -429,6 +436,9 @@ class _Conn(asyncio.Protocol):
 
 class UpstreamPool:
     """Keep-alive pool for one backend (host, port); over TLS when ``ssl_context`` is given."""
+
+    __slots__ = ("_closed", "_host_line", "_idle", "_name", "_settings", "_sni", "_ssl", "_sweep_handle", "active",
+                 "host", "port")
 
     def __init__(self, host: str, port: int, settings: UpstreamSettings,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
