@@ -86,6 +86,8 @@ def _is_sse(up: UpstreamResponse) -> bool:
 class Forwarder:
     """Sends a request to a replica of a model and relays the response."""
 
+    __slots__ = ("_explain", "disagg", "metrics", "pools", "retries", "router", "settings", "tracer")
+
     def __init__(self, pools: Pools, router: Router, metrics: ProxyMetrics, settings: ProxySettings,
                  tracer: Tracer | None = None) -> None:
         self.pools = pools

@@ -293,15 +293,18 @@ def test_endpoint_label_with_a_failing_replica(stack: Stack, client: Callable[[]
     stack.start_proxy([model("m", dead, stack.stub)], fast_settings(route_header=True))
     seen: list[Any] = []
     fwd = stack.handler.forwarder
-    forward = fwd.forward
 
-    async def spy(req: Any, resp: Any, ctx: Any, *rest: Any) -> None:
-        try:
-            await forward(req, resp, ctx, *rest)
-        finally:
-            seen.append(ctx)
+    class Spy:  # the forwarder, with each request's context kept (the compiled one's methods are fixed)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(fwd, name)
 
-    fwd.forward = spy  # type: ignore[method-assign]
+        async def forward(self, req: Any, resp: Any, ctx: Any, *rest: Any) -> None:
+            try:
+                await fwd.forward(req, resp, ctx, *rest)
+            finally:
+                seen.append(ctx)
+
+    stack.handler.forwarder = Spy()  # type: ignore[assignment]
     c = client()
     for _ in range(6):
         list(c.chat.completions.create(model="m", messages=MSG, stream=True,  # type: ignore[arg-type]
