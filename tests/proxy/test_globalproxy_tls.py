@@ -179,3 +179,35 @@ def test_members_over_mtls_from_the_secret_without_a_restart(hub: tuple[Hub, Any
     assert "Traceback" not in text and "PRIVATE KEY" not in text, text
     assert not any(tmpdir.iterdir()), list(tmpdir.rglob("*"))  # the key files are removed on stop
     assert os.path.isdir(tmpdir)
+
+
+def test_file_mode_takes_tls_files(hub: tuple[Hub, Any], tmp_path: Path) -> None:
+    """``--global FILE`` with ``--global-tls-ca/-cert/-key``: the same mTLS members, served; a key that
+    does not match its certificate is refused at the start with the reason (exit 2)."""
+    h, certs = hub
+    client_cert, client_key = make_client_cert(tmp_path / "certs")
+    gp = yaml.safe_load((EXAMPLES / "globalproxy.yaml").read_text())
+    for c, m in zip(gp["spec"]["clusters"], h.members, strict=True):
+        c["endpoint"] = f"https://127.0.0.1:{m.port}"
+    gp["spec"]["probe"]["interval"] = "200ms"
+    del gp["spec"]["tls"]
+    path = tmp_path / "global.yaml"
+    path.write_text(yaml.safe_dump(gp))
+    base = [sys.executable, "-m", "flexinfer.cli", "--log-level", "warning", "proxy", "--global", str(path)]
+    tls = ["--global-tls-ca", str(certs.ca), "--global-tls-cert", str(client_cert)]
+    bad = subprocess.run([*base, *tls, "--global-tls-key", str(certs.key)], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--global-tls-*" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    port = free_port()
+    proc = subprocess.Popen([*base, *tls, "--global-tls-key", str(client_key), "--port", str(port)], cwd=ROOT,
+                            env=env())
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+    try:
+        wait_port(port, timeout=30)
+        wait("the members' models", lambda: "stub" in [m.id for m in client.models.list()])
+        out = client.chat.completions.create(model="stub", messages=MSGS)
+        assert out.choices[0].message.content == "hello from stub" and h.posts(0) == 1
+    finally:
+        client.close()
+        stop(proc)
+    assert proc.returncode == 0
