@@ -34,7 +34,13 @@ from typing import Any
 from flexinfer.api import GROUP
 from flexinfer.api.conditions import Condition, conditions_to_list, parse_conditions, set_condition
 from flexinfer.api.federation import FEDERATED_MODEL, GLOBAL_PROXY
-from flexinfer.k8s.customobjects import API_ERRORS, MERGE_PATCH, custom_objects, is_transport_error
+from flexinfer.k8s.customobjects import (
+    API_ERRORS,
+    MERGE_PATCH,
+    custom_objects,
+    is_transport_error,
+    read_secret,
+)
 from flexinfer.runtime.globalrt import GlobalConfigError, GlobalRuntime, parse_global
 from flexinfer.runtime.globaltls import TLSMaterialError, TLSStore, secret_pem
 
@@ -63,7 +69,6 @@ class KubeGlobalSource:
         self._writing = asyncio.Lock()  # one status write at a time: the next compares with it
         self.tls = TLSStore()
         self.tls_condition: tuple[str, str, str] | None = None  # (status, reason, message); None: no secretRef
-        self._core: Any = None
         self._api_client = api_client
         runtime.on_round.append(self._after_round)
 
@@ -141,14 +146,8 @@ class KubeGlobalSource:
     async def _read_tls(self, secret: str) -> None:
         """Read the TLS Secret into :attr:`tls`; a failure keeps the last good material."""
         where = f"Secret {self.namespace}/{secret}"
-        if self._core is None:
-            from kubernetes_asyncio import client as k8s
-
-            self._core = k8s.CoreV1Api(self._api_client)
         try:
-            got = await self._core.read_namespaced_secret(secret, self.namespace,
-                                                          _request_timeout=self.request_timeout)
-            body: dict[str, Any] = self._api_client.sanitize_for_serialization(got)
+            body = await read_secret(self._api_client, self.namespace, secret, request_timeout=self.request_timeout)
             self.tls.take(secret_pem(body))
         except TLSMaterialError as exc:
             cond = ("False", exc.reason, f"{where}: {exc}")
