@@ -53,6 +53,27 @@ def run_global(settings: ProxySettings, args: argparse.Namespace, serve_http: An
         except GlobalConfigError as exc:
             print(f"flexinfer proxy: {exc}", file=sys.stderr)
             return 2
+    tls_args = [getattr(args, f"global_tls_{w}", None) for w in ("ca", "cert", "key")]
+    if any(tls_args):
+        if kube:
+            print("flexinfer proxy: --global-tls-* are for --global FILE (with --kube: spec.tls.secretRef)",
+                  file=sys.stderr)
+            return 2
+        if bool(tls_args[1]) != bool(tls_args[2]):
+            print("flexinfer proxy: --global-tls-cert and --global-tls-key go together", file=sys.stderr)
+            return 2
+        import dataclasses
+        import ssl
+
+        from flexinfer.http.tls import tls_context
+        from flexinfer.runtime.globalrt import TLSFiles
+
+        try:
+            tls_context(tls_args[0], False, tls_args[1], tls_args[2])
+        except (OSError, ssl.SSLError) as exc:
+            print(f"flexinfer proxy: --global-tls-*: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 2
+        config = dataclasses.replace(config, tls=TLSFiles(*tls_args))
     parts = SharedParts(settings)
     built: list[tuple[GlobalRuntime, ProxyHandler]] = []
     closers: list[Any] = []

@@ -35,6 +35,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(or, with --kube, of the GlobalProxy resource --global-name; docs/globalproxy.md)")
     p.add_argument("--global-name", default=None,
                    help="with --global --kube: the GlobalProxy's name (default: the only one of the namespace)")
+    for what, meta, text in (("ca", "FILE", "PEM trust root of the https members (instead of the system CAs)"),
+                             ("cert", "FILE", "PEM client certificate presented to the https members (mTLS)"),
+                             ("key", "FILE", "PEM key of --global-tls-cert")):
+        p.add_argument(f"--global-tls-{what}", default=None, metavar=meta,
+                       help=f"with --global FILE: {text} (with --kube: the GlobalProxy's tls.secretRef)")
     p.add_argument("--host", default=None, help="listen address (env PROXY_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (env PROXY_PORT, default 8080)")
     p.add_argument("--workers", type=int, default=None, help="worker processes sharing the port")

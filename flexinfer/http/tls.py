@@ -35,12 +35,20 @@ class Link(Protocol):
     def api_key(self) -> str | None: ...
     @property
     def path_prefix(self) -> str: ...
+    @property
+    def cert_file(self) -> str | None: ...
+    @property
+    def key_file(self) -> str | None: ...
 
 
-def tls_context(ca_file: str | None = None, insecure_skip_verify: bool = False) -> ssl.SSLContext:
+def tls_context(ca_file: str | None = None, insecure_skip_verify: bool = False, cert_file: str | None = None,
+                key_file: str | None = None) -> ssl.SSLContext:
     """The client context of a TLS upstream: the system CAs (or ``ca_file``), hostname checked, TLS 1.2
-    or newer, HTTP/1.1 offered by ALPN; ``insecure_skip_verify``: no verification at all (tests)."""
+    or newer, HTTP/1.1 offered by ALPN; ``insecure_skip_verify``: no verification at all (tests);
+    ``cert_file``/``key_file``: the client certificate presented (mTLS), read here, once."""
     ctx = ssl.create_default_context(cafile=ca_file)
+    if cert_file is not None:
+        ctx.load_cert_chain(cert_file, key_file)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])
     if insecure_skip_verify:
@@ -73,13 +81,14 @@ class KeyedPool(UpstreamPool):
 
 def linked_pool(host: str, port: int, settings: UpstreamSettings, link: Link) -> UpstreamPool:
     """A new pool for an endpoint with a link: TLS with its context (made once, here) and/or keyed.
-    An unreadable ``ca_file`` is an ``UpstreamConnectError`` (``tls_config``)."""
+    An unreadable ``ca_file`` (or client certificate) is an ``UpstreamConnectError`` (``tls_config``)."""
     ctx = None
     if link.tls:
         try:
-            ctx = tls_context(link.ca_file, link.insecure_skip_verify)
+            ctx = tls_context(link.ca_file, link.insecure_skip_verify, link.cert_file, link.key_file)
         except (OSError, ssl.SSLError) as exc:
-            raise UpstreamConnectError(f"TLS settings of {host}:{port}: ca_file {link.ca_file!r}: "
+            what = f"ca_file {link.ca_file!r}" + (f", cert_file {link.cert_file!r}" if link.cert_file else "")
+            raise UpstreamConnectError(f"TLS settings of {host}:{port}: {what}: "
                                        f"{getattr(exc, 'strerror', None) or exc}", reason="tls_config") from None
     if link.api_key or link.path_prefix:
         return KeyedPool(host, port, settings, link.api_key, ctx, link.server_hostname, link.path_prefix)

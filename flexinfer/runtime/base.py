@@ -34,6 +34,9 @@ class UpstreamLink:
     insecure_skip_verify: bool = False
     api_key: str | None = field(default=None, repr=False)
     path_prefix: str = ""  # a peer's base path (``https://host/api``): put before every request path
+    #: a client certificate (mTLS; PEM files, the key file private): the GlobalProxy's ``tls.secretRef``
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ import math
 import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -45,8 +45,8 @@ from flexinfer.api.federation import FederatedModel, FederatedRouting, GlobalPro
 from flexinfer.http.tls import tls_context
 from flexinfer.runtime.base import Endpoint, ModelView, StaticInventoryBase, UpstreamLink
 
-__all__ = ["FAIL_THRESHOLD", "GlobalConfig", "GlobalConfigError", "GlobalRuntime", "Member", "empty_config", "load_global",
-           "parse_global"]
+__all__ = ["FAIL_THRESHOLD", "GlobalConfig", "GlobalConfigError", "GlobalRuntime", "Member", "TLSFiles", "empty_config",
+           "load_global", "parse_global"]
 
 log = logging.getLogger("flexinfer.proxy.global")
 
@@ -65,11 +65,22 @@ class GlobalConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """The trust root and client certificate of the https members (PEM files): from the GlobalProxy's
+    ``tls.secretRef`` (``runtime.kubeglobal`` writes them) or a static file's ``--global-tls-*``."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GlobalConfig:
     name: str
     spec: GlobalProxySpec
     routing: Mapping[str, FederatedRouting] = field(default_factory=dict)  # model -> its FederatedModel's
     generation: int | None = None
+    tls: TLSFiles | None = None
 
 
 def empty_config(name: str = "") -> GlobalConfig:
@@ -118,10 +129,14 @@ def load_global(path: str) -> GlobalConfig:
         raise GlobalConfigError(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from None
 
 
-def _endpoint(url: str, insecure_skip_verify: bool = False) -> Endpoint:
-    """A member's endpoint: ``https://`` is verified against the system CAs (``SSL_CERT_FILE`` /
-    ``SSL_CERT_DIR`` name others), unless ``spec.tls.insecureSkipVerify``; ``tls.secretRef`` is not read."""
-    return Endpoint.parse(url, insecure_skip_verify=insecure_skip_verify)
+def _endpoint(url: str, insecure_skip_verify: bool = False, tls: TLSFiles | None = None) -> Endpoint:
+    """A member's endpoint: ``https://`` is verified against ``tls.ca_file`` (the Secret's ``ca.crt``),
+    else the system CAs (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name others), unless
+    ``spec.tls.insecureSkipVerify``; with ``tls.cert_file`` it presents that client certificate."""
+    ep = Endpoint.parse(url, insecure_skip_verify=insecure_skip_verify, ca_file=tls.ca_file if tls else None)
+    if tls is not None and tls.cert_file and ep.link is not None and ep.link.tls:
+        ep = replace(ep, link=replace(ep.link, cert_file=tls.cert_file, key_file=tls.key_file))
+    return ep
 
 
 @dataclass(slots=True)
@@ -212,7 +227,7 @@ class GlobalRuntime(StaticInventoryBase):
         members: dict[str, Member] = {}
         for c in config.spec.clusters:
             try:
-                ep: Endpoint | None = _endpoint(c.endpoint, config.spec.insecure_skip_verify)
+                ep: Endpoint | None = _endpoint(c.endpoint, config.spec.insecure_skip_verify, config.tls)
                 err = ""
             except ValueError as exc:
                 ep, err = None, str(exc)
@@ -220,6 +235,7 @@ class GlobalRuntime(StaticInventoryBase):
             if m is None or m.url != c.endpoint:
                 m = Member(c.name, c.endpoint, ep, c.weight, error=err, probed=ep is None)
             m.weight = c.weight
+            m.endpoint = ep  # new TLS files: a new link (a new pool); the probe state stays
             members[c.name] = m
         self.members = members
         self._rebuild()
@@ -293,7 +309,10 @@ class GlobalRuntime(StaticInventoryBase):
             return None
         ctx = self._contexts.get(link)
         if ctx is None:
-            ctx = self._contexts[link] = tls_context(link.ca_file, link.insecure_skip_verify)
+            ctx = tls_context(link.ca_file, link.insecure_skip_verify, link.cert_file, link.key_file)
+            self._contexts = {k: v for k, v in self._contexts.items()  # bounded: the links in use
+                              if any(m.endpoint is not None and m.endpoint.link == k for m in self.members.values())}
+            self._contexts[link] = ctx
         return ctx
 
     def _failed(self, m: Member, why: str, *, at_once: bool = False) -> None:
@@ -328,7 +347,8 @@ class GlobalRuntime(StaticInventoryBase):
     def _rebuild(self) -> None:
         spec = self.config.spec
         latency = self._latency_order()
-        names = sorted({n for m in self.members.values() for n in m.models})
+        # a FederatedModel's model is known even while no member serves it (503, not 404)
+        names = sorted({n for m in self.members.values() for n in m.models} | set(self.config.routing))
         views = []
         for name in names:
             fed = self.config.routing.get(name)

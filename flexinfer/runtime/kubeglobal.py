@@ -8,6 +8,13 @@ Every probe interval (the GlobalProxy's ``probe.interval``, at most :data:`MAX_S
 status (``healthyClusters``, ``totalClusters``, ``activeCluster``, a ``Ready`` condition whose
 message lists every cluster) is merge-patched when it changed: zero writes in a steady state.
 
+With ``spec.tls.secretRef`` the Secret (namespace of the GlobalProxy) is read at each sync too
+(a GET; Secrets are never watched) and its ``ca.crt`` / ``tls.crt`` / ``tls.key`` given to the
+members' https links (``runtime.globaltls``). A missing, unreadable or invalid Secret keeps the
+last good material (or none) and is the ``TLSReady`` condition's reason (``SecretNotFound``,
+``SecretForbidden``, ``SecretUnreadable``, ``InvalidCertificate``); a fixed Secret is taken at
+the next sync, without a restart.
+
 The global proxy writes that status itself, not the operator: the status says which clusters
 *this proxy* can reach (its network path, its probes), which only the proxy knows; an operator
 probing from elsewhere could report a cluster healthy that the proxy cannot reach.
@@ -20,14 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from flexinfer.api import GROUP
 from flexinfer.api.conditions import Condition, conditions_to_list, parse_conditions, set_condition
 from flexinfer.api.federation import FEDERATED_MODEL, GLOBAL_PROXY
-from flexinfer.k8s.customobjects import API_ERRORS, MERGE_PATCH, custom_objects, is_transport_error
+from flexinfer.k8s.customobjects import (
+    API_ERRORS,
+    MERGE_PATCH,
+    custom_objects,
+    is_transport_error,
+    read_secret,
+)
 from flexinfer.runtime.globalrt import GlobalConfigError, GlobalRuntime, parse_global
+from flexinfer.runtime.globaltls import TLSMaterialError, TLSStore, secret_pem
 
 __all__ = ["MAX_SYNC_S", "KubeGlobalSource"]
 
@@ -52,6 +67,9 @@ class KubeGlobalSource:
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[None] | None = None
         self._writing = asyncio.Lock()  # one status write at a time: the next compares with it
+        self.tls = TLSStore()
+        self.tls_condition: tuple[str, str, str] | None = None  # (status, reason, message); None: no secretRef
+        self._api_client = api_client
         runtime.on_round.append(self._after_round)
 
     async def start(self) -> None:
@@ -67,6 +85,7 @@ class KubeGlobalSource:
                 except asyncio.CancelledError:
                     pass
         self._task = self._pending = None
+        self.tls.close()
 
     async def _loop(self) -> None:
         while True:
@@ -112,11 +131,41 @@ class KubeGlobalSource:
             return
         self._obj, self.error = obj, None
         self.name = self.name or cfg.name
+        if cfg.spec.tls_secret_name:
+            await self._read_tls(cfg.spec.tls_secret_name)
+        else:
+            self.tls_condition = None
+        cfg = replace(cfg, tls=self.tls.files if cfg.spec.tls_secret_name else None)
         old = self.runtime.config
-        if (cfg.spec, dict(cfg.routing), cfg.generation) != (old.spec, dict(old.routing), old.generation):
+        if (cfg.spec, dict(cfg.routing), cfg.generation, cfg.tls) != (old.spec, dict(old.routing), old.generation,
+                                                                     old.tls):
             self.runtime.configure(cfg)
             log.info("global proxy: configuration of GlobalProxy %s taken (%d clusters)", cfg.name,
                      len(cfg.spec.clusters))
+
+    async def _read_tls(self, secret: str) -> None:
+        """Read the TLS Secret into :attr:`tls`; a failure keeps the last good material."""
+        where = f"Secret {self.namespace}/{secret}"
+        try:
+            body = await read_secret(self._api_client, self.namespace, secret, request_timeout=self.request_timeout)
+            self.tls.take(secret_pem(body))
+        except TLSMaterialError as exc:
+            cond = ("False", exc.reason, f"{where}: {exc}")
+        except API_ERRORS as exc:
+            status = getattr(exc, "status", None)
+            reason = {404: "SecretNotFound", 403: "SecretForbidden"}.get(status or 0, "SecretUnreadable")
+            detail = "not found" if status == 404 else f"cannot be read: {getattr(exc, 'reason', None) or exc}"
+            cond = ("False", reason, f"{where} {detail}")
+        else:
+            cond = ("True", "SecretLoaded", f"{where}: {self.tls.summary}")
+        if cond[0] == "False":
+            kept = " (the last good TLS material stays in use)" if self.tls.files is not None else ""
+            cond = (cond[0], cond[1], cond[2] + kept)
+            if cond != self.tls_condition:
+                log.warning("global proxy: TLS: %s", cond[2])
+        elif cond != self.tls_condition:
+            log.info("global proxy: TLS: %s", cond[2])
+        self.tls_condition = cond
 
     def _failed(self, why: str) -> None:
         if why != self.error:
@@ -135,7 +184,12 @@ class KubeGlobalSource:
         current = parse_conditions((self._obj.get("status") or {}).get("conditions"))
         now = datetime.now(UTC).replace(microsecond=0)
         conds: tuple[Condition, ...] = current
-        for c in new.pop("conditions"):
+        if self.tls_condition is None:  # no secretRef (any more): no TLSReady
+            conds = tuple(c for c in conds if c.type != "TLSReady")
+        extra = [] if self.tls_condition is None else [
+            {"type": "TLSReady", "status": self.tls_condition[0], "reason": self.tls_condition[1],
+             "message": self.tls_condition[2][:4096]}]
+        for c in [*new.pop("conditions"), *extra]:
             conds = set_condition(conds, Condition(c["type"], c["status"], c["reason"], c["message"],
                                                    observed_generation=new.get("observedGeneration")), now)
         new["conditions"] = conditions_to_list(conds)

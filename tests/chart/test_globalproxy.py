@@ -32,7 +32,20 @@ def test_on_renders_a_valid_deployment_service_and_role() -> None:
     configure(p)
     args = p.parse_args(c["args"][1:])  # the real CLI accepts exactly these flags
     assert (args.global_, args.kube, args.global_name, args.workers) == ("", True, "global", 1)
-    rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in one(objs, "Role", "global-proxy")["rules"]}
-    assert rules == {(("globalproxies", "federatedmodels"), ("get", "list")), (("globalproxies/status",), ("patch",))}
+    rules = {(tuple(r["resources"]), tuple(r["verbs"]), tuple(r.get("resourceNames") or ()))
+             for r in one(objs, "Role", "global-proxy")["rules"]}
+    assert rules == {(("globalproxies", "federatedmodels"), ("get", "list"), ()),
+                     (("globalproxies/status",), ("patch",), ()), (("secrets",), ("get",), ())}
     svc = one(objs, "Service", "global-proxy")
     assert svc["spec"]["ports"][0]["port"] == 8000
+
+
+def test_tls_secret_rule_by_name_or_off() -> None:
+    """The TLS Secret of the GlobalProxy: ``get`` by name when the values name it, no Secret rule when off."""
+    def secret_rules(tls: dict[str, Any]) -> list[dict[str, Any]]:
+        objs = _mine(render({"globalProxy": {"enabled": True, "tls": tls}}))
+        return [r for r in one(objs, "Role", "global-proxy")["rules"] if "secrets" in r["resources"]]
+
+    assert secret_rules({"secretName": "global-proxy-tls"}) == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["global-proxy-tls"], "verbs": ["get"]}]
+    assert secret_rules({"enabled": False}) == []

@@ -45,3 +45,14 @@ def make_certs(d: Path) -> Certs:
     _run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
          "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)
     return Certs(d / "ca.pem", d / "other.pem", d / "server.pem", d / "server.key")
+
+
+def make_client_cert(d: Path, name: str = "client") -> tuple[Path, Path]:
+    """A client certificate (``extendedKeyUsage=clientAuth``) signed by the CA of :func:`make_certs`
+    in the same directory: (certificate, key)."""
+    _run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key",
+         "-out", f"{name}.csr", "-subj", f"/CN=flexinfer {name}", cwd=d)
+    (d / f"{name}.cnf").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    _run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+         "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.cnf", cwd=d)
+    return d / f"{name}.pem", d / f"{name}.key"

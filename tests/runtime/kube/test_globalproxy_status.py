@@ -52,6 +52,10 @@ async def test_example_reaches_a_status(kube: KubeEnv) -> None:
     assert (ready["status"], ready["reason"]) == ("False", "NoHealthyCluster")
     assert "core" in ready["message"] and "edge-1" in ready["message"]
     assert "not supported" not in ready["message"]  # https members are dialled (docs/tls.md)
+    # its tls.secretRef names a Secret that does not exist here: said so, nothing crashed
+    tls = next(c for c in got["status"]["conditions"] if c["type"] == "TLSReady")
+    assert (tls["status"], tls["reason"]) == ("False", "SecretNotFound")
+    assert "default/global-proxy-tls not found" in tls["message"]
 
 
 async def test_status_follows_the_members(kube: KubeEnv) -> None:
