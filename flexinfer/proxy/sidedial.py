@@ -2,7 +2,8 @@
 plain TCP, or TLS and a peer's key when the endpoint carries an ``UpstreamLink`` (docs/tls.md), the
 same way its requests go (``Pools.get_linked``).
 
-Owns: :func:`side_open` (a connection with the link's TLS context, SNI and certificate name),
+Owns: :func:`side_open` (a connection with the link's TLS context, SNI, certificate name and client
+certificate),
 :func:`side_request_lines` (the link's base path and ``Authorization: Bearer`` for a GET), and one
 SSL context per link, built once (loading a CA store costs milliseconds; a scrape runs every second).
 Must not: send a client's credentials anywhere, or be used on the request path.
@@ -25,7 +26,7 @@ def _context(link: Any) -> ssl.SSLContext:
     if ctx is None:
         from flexinfer.http.tls import tls_context  # only where an endpoint has TLS (docs/tls.md)
 
-        ctx = tls_context(link.ca_file, link.insecure_skip_verify)
+        ctx = tls_context(link.ca_file, link.insecure_skip_verify, link.cert_file, link.key_file)  # OSError: a failed dial
         if len(_contexts) >= _MAX_CONTEXTS:
             _contexts.clear()
         _contexts[link] = ctx
