@@ -160,6 +160,8 @@ def _pxd_classes(path: Path) -> dict[str, tuple[str | None, set[str]]]:
             head = line.removeprefix("cdef class ").rstrip(":")
             current, _, base = head.partition("(")
             out[current] = (base.rstrip(")") or None, set())
+        elif line.strip() == "cdef dict __dict__":  # the source's "__dict__" slot
+            out[current][1].add("__dict__")
         elif line.strip().startswith("cdef public object "):
             names = line.strip().removeprefix("cdef public object ").split(",")
             out[current][1].update(n.strip() for n in names)

@@ -66,6 +66,12 @@ class AdminRoutes(Protocol):
 class ProxyHandler:
     """The proxy's HTTP handler."""
 
+    # "__dict__": a wrapper may replace ``handle``/``on_headers`` on the instance (tracing, the access
+    # log) and tests may set more; the listed ones are C slots in the compiled build (pipeline.pxd)
+    __slots__ = ("__dict__", "_ask_usage", "_key_ids", "_open", "access_log", "activator", "admin", "auth",
+                 "forwarder", "inventory", "limiter", "metrics", "new_request_id", "pools", "router", "scaler",
+                 "server", "settings", "token_counter", "token_limiter", "tracer")
+
     def __init__(self, inventory: Inventory, settings: ProxySettings, *, pools: Pools | None = None,
                  metrics: ProxyMetrics | None = None, router: Router | None = None,
                  limiter: Limiter | None = None, activator: Activator | None = None,
