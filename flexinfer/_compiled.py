@@ -41,6 +41,8 @@ MODULES: tuple[str, ...] = (
     "flexinfer.http.client",
     "flexinfer.http.upstream",
     "flexinfer.proxy.context",
+    "flexinfer.proxy.metrics",
+    "flexinfer.proxy.routing",
     "flexinfer.proxy.extract",
     "flexinfer.proxy.usage",
     "flexinfer.proxy.pipeline",

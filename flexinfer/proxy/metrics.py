@@ -301,6 +301,10 @@ class _ServerCollector(Collector):
 class ProxyMetrics:
     """The proxy's metrics; ``render()`` gives the Prometheus text exposition."""
 
+    # the per-request tables are C slots in the compiled build (metrics.pxd); "__dict__" for the rest
+    __slots__ = ("__dict__", "_decisions", "_decisions_created", "_endpoints", "_models", "_requests",
+                 "_requests_created")
+
     def __init__(self) -> None:
         self.registry = reg = ShareableRegistry(auto_describe=True)
         self._requests: dict[tuple[str, int], int] = {}

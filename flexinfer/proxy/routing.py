@@ -309,6 +309,10 @@ class _ModelState:
 class Router:
     """Picks an endpoint per request and tracks in-flight counts per endpoint."""
 
+    # the per-request ones are C slots in the compiled build (routing.pxd); "__dict__" for the rest
+    __slots__ = ("__dict__", "_last_model", "_models", "_picks", "_schedulers", "ejector", "engine_last",
+                 "engine_state", "load", "prefixes", "scheduler_errors")
+
     def __init__(self, prefix_sets: int = PREFIX_SETS, *, load: LoadCounter | None = None,
                  prefixes: PrefixHints | None = None, ejector: Ejector | None = None) -> None:
         #: passive outlier ejection: endpoints that failed in a row are skipped (None: never)

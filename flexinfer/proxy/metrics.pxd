@@ -1,0 +1,14 @@
+# The compiled build of metrics.py: the per-request numbers (a model's and an endpoint's series)
+# and the proxy's metrics tables as extension types (their attributes in C slots, written by every
+# request; ProxyMetrics keeps a __dict__ for its prometheus_client objects). The .py is the pure
+# twin; every slot is a public object, so semantics and visibility are the source's. Keep each list
+# equal to the class's __slots__ (tests/test_compiled.py).
+cdef class EndpointStats:
+    cdef public object created, duration, duration_sum
+
+cdef class ModelStats(EndpointStats):
+    cdef public object completion_tokens, in_flight, itl, itl_sum, prompt_tokens, ttfb, ttfb_sum, ttft, ttft_sum
+
+cdef class ProxyMetrics:
+    cdef dict __dict__
+    cdef public object _decisions, _decisions_created, _endpoints, _models, _requests, _requests_created
