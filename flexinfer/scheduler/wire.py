@@ -101,8 +101,9 @@ if msgspec is not None:
 _SENTINEL = b'"%s"' % secrets.token_hex(16).encode()
 """A string no sender can know (random per process): the walk's check that the array it read is the
 ``Nodes.items`` the decoder uses."""
-WALK_WINDOW = 1 << 20  # how far past a changed item the walk looks for the next known one
+WALK_WINDOW = 64 << 10  # the slack past where the walk expects the next known item (2x the stretch + this)
 WALK_ANCHORS = 8  # how many known items after a changed one it tries as that anchor
+WALK_STRETCHES = 256  # more stretches of new items than this: the msgspec split is as cheap; decline
 
 
 class _Fallback(Exception):
@@ -163,13 +164,17 @@ def _segment(body: bytes, p: int, q: int) -> list[Any]:
 
 
 def _anchor(body: bytes, prev: Sequence[Any], k: int, p: int) -> tuple[int, int]:
-    """(j, q): the first of ``prev[k:k + WALK_ANCHORS]`` found as ``,<item>`` in ``body`` within
-    ``WALK_WINDOW`` after ``p``, at ``q``; ``(len(prev), -1)`` when none is."""
+    """(j, q): the first of ``prev[k:k + WALK_ANCHORS]`` found as ``,<item>`` in ``body`` at ``q``,
+    searched up to twice as far as the previous items before it reached, plus ``WALK_WINDOW`` (so a
+    failed search costs about the stretch, never the whole body); ``(len(prev), -1)`` when none is."""
     find = body.find
+    reach = len(prev[k - 1]) if k else 0  # the item being replaced
     for j in range(k, min(len(prev), k + WALK_ANCHORS)):
-        q = find(b"," + prev[j], p, p + WALK_WINDOW + len(prev[j]))
+        e = prev[j]
+        q = find(b"," + e, p, p + 2 * reach + WALK_WINDOW + len(e))
         if q != -1:
             return j, q
+        reach += len(e)
     return len(prev), -1
 
 
@@ -212,6 +217,7 @@ def _walk(body: bytes, prev: Sequence[Any]) -> tuple[ExtenderArgs, list[int]]:
     startswith = body.startswith
     p = start
     k = 0
+    stretches = 0
     while True:
         e = prev[k] if k < n else None
         if e is not None and startswith(e, p):
@@ -220,6 +226,9 @@ def _walk(body: bytes, prev: Sequence[Any]) -> tuple[ExtenderArgs, list[int]]:
             q = p + len(e)
             k += 1
         else:  # new items up to the next known one (or the array's end)
+            stretches += 1
+            if stretches > WALK_STRETCHES:
+                raise _Fallback
             j, q = _anchor(body, prev, k + 1, p) if k + 1 < n else (n, -1)
             if q == -1:
                 q = body.rfind(b"]", p)

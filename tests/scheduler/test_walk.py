@@ -215,3 +215,16 @@ def test_malformed_bodies_are_400_on_the_walk_too(path: str) -> None:
         reply = app.dispatch("POST", path, bad)
         assert reply.status == 400, (bad[-40:], reply)
         assert orjson.loads(reply.body)["Error"]
+
+
+def test_many_changed_stretches_decline_to_the_split() -> None:
+    """More stretches of new items than ``WALK_STRETCHES``: the walk declines (the msgspec split is as
+    cheap then), so its extra work stays bounded; a few runs of 7 changed items are still walked."""
+    many = _nodes(2 * wire.WALK_STRETCHES + 4)
+    prev = _prev(_body(many))
+    every_other = [_changed(x, "2") if i % 2 else x for i, x in enumerate(many)]
+    assert wire.walk_items(_body(every_other), prev) is None
+    assert wire.parse_args(_body(every_other)).items is not None
+    runs = [_changed(x, "2") if i % 8 < 7 and i < 64 else x for i, x in enumerate(many)]
+    walked = _check(_body(runs), prev)
+    assert walked is not None and sum(k >= 0 for k in walked[1]) == len(many) - 56
