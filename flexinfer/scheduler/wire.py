@@ -18,7 +18,10 @@ the same objects call after call. With ``msgspec`` the body is *not* decoded int
 pass splits ``Nodes.items`` into each item's raw JSON (``msgspec.Raw``, a view into the body, no copy)
 and :func:`parse_args` returns them in ``ExtenderArgs.items``; the caller (the facts cache,
 ``nodecache.py``) decodes only the items it has not seen, with :func:`item_doc`, and the filter
-answer echoes the raw views. Without msgspec, or for any body the fast path cannot read, the full
+answer echoes the raw views. When the caller has the previous request's items (the same verb),
+:func:`walk_items` reads the body against them instead (memcmp where each is expected; msgspec
+only for the changed stretches; exact, see there), and :func:`parse_args` runs only when it
+declines. Without msgspec, or for any body the fast path cannot read, the full
 ``orjson`` decode runs (it also words every 400 message), so both paths accept and reject the same
 bodies.
 """
