@@ -135,10 +135,19 @@ class ExtenderApp:
 
     # -- verbs --------------------------------------------------------------------------------------
 
-    def _candidates(self, args: wire.ExtenderArgs, verb: str) -> Candidates | Reply:
+    def _parse(self, body: bytes, verb: str) -> tuple[wire.ExtenderArgs, list[int] | None]:
+        """The request, read against the verb's previous NodeList when there is one
+        (:func:`wire.walk_items`), else by :func:`wire.parse_args` (raises :class:`wire.WireError`)."""
+        prev = self.node_cache.previous_items(verb)
+        walked = wire.walk_items(body, prev) if prev else None
+        if walked is not None:
+            return walked
+        return wire.parse_args(body), None
+
+    def _candidates(self, args: wire.ExtenderArgs, verb: str, known: list[int] | None = None) -> Candidates | Reply:
         """Facts of the request's nodes. Raises :class:`wire.WireError` for a bad NodeList item."""
         if args.items is not None:  # the fast path: raw items, facts from the cache
-            facts = self.node_cache.resolve(args.items, verb)
+            facts = self.node_cache.resolve(args.items, verb, known)
             return Candidates(facts, [], [f.name for f in facts], args.items)
         if args.nodes is not None:
             return Candidates(self.node_cache.facts(args.nodes), [], [n.name for n in args.nodes], None)
@@ -151,8 +160,8 @@ class ExtenderApp:
     def filter(self, body: bytes) -> Reply:
         """``ExtenderArgs`` → ``ExtenderFilterResult``."""
         try:
-            args = wire.parse_args(body)
-            got = self._candidates(args, "filter")
+            args, known = self._parse(body, "filter")
+            got = self._candidates(args, "filter", known)
         except wire.WireError as exc:
             return Reply(400, wire.filter_result([], {}, {}, error=str(exc)))
         if isinstance(got, Reply):
@@ -180,8 +189,8 @@ class ExtenderApp:
     def score(self, body: bytes) -> Reply:
         """``ExtenderArgs`` → ``HostPriorityList`` with integer scores 0..10."""
         try:
-            args = wire.parse_args(body)
-            got = self._candidates(args, "score")
+            args, known = self._parse(body, "score")
+            got = self._candidates(args, "score", known)
         except wire.WireError as exc:
             return Reply(400, wire.error_result(str(exc)))
         if isinstance(got, Reply):

@@ -181,6 +181,9 @@ def test_bench_key_format() -> None:
     ({"a": 0.0, "b": 0.25, "c": 1.0}, {"a": 0, "b": 3, "c": 10}),  # 2.5 rounds half up
     ({"a": -100.0, "b": -99.0, "c": 50.0}, {"a": 0, "b": 0, "c": 10}),
     ({"a": float("nan"), "b": 1.0, "c": 2.0}, {"a": 0, "b": 0, "c": 10}),
+    # a subnormal span (hypothesis found it: a cost of 2.2250738585e-313): 10 / span overflows
+    ({"a": 0.0, "b": 2.2250738585e-313}, {"a": 0, "b": 10}),
+    ({"a": 0.0, "b": 5e-324, "c": 1e-323}, {"a": 0, "b": 5, "c": 10}),
 ])
 def test_normalise(raw: dict, expected: dict) -> None:
     assert logic.normalise(raw) == expected
