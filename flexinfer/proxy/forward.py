@@ -144,14 +144,11 @@ class Forwarder:
         if self.tracer is not None:  # the upstream span; its traceparent goes upstream
             self.tracer.send(req, view, data, ep, headers)
         try:
-            if view.response_timeout is not None:  # the model's own (ModelView); else the pool's setting
-                up = await self._timed(pool, req, path, headers, body, begin, view.response_timeout, ep,
-                                       strategy, source)
-            elif begin is None:
-                up = await pool.request(req.method, path, headers, body)
-            else:
+            if begin is not None:  # the head callback learns the pick before the request leaves
                 begin.ep, begin.strategy, begin.source = ep, strategy, source
-                up = await pool.request(req.method, path, headers, body, on_head=begin.on_head)
+            # the model's own response_timeout (ModelView), else (None) the pool's setting
+            up = await pool.request(req.method, path, headers, body, response_timeout=view.response_timeout,
+                                    on_head=None if begin is None else begin.on_head)
         except UpstreamConnectError as exc:
             self.router.release(ep)
             self.metrics.upstream_errors.labels(exc.reason, ep.key).inc()
@@ -178,17 +175,6 @@ class Forwarder:
         if self.tracer is not None:
             self.tracer.answered(up)
         return up, ep, strategy, source
-
-    @staticmethod
-    async def _timed(pool: Any, req: Request, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
-                     begin: _Begin | None, timeout: float, ep: Endpoint, strategy: str,
-                     source: str) -> UpstreamResponse:
-        """``pool.request`` with a model's ``response_timeout`` (the head callback as in ``_send``)."""
-        if begin is None:
-            return await pool.request(req.method, path, headers, body, response_timeout=timeout)  # type: ignore[no-any-return]
-        begin.ep, begin.strategy, begin.source = ep, strategy, source
-        return await pool.request(req.method, path, headers, body, response_timeout=timeout,  # type: ignore[no-any-return]
-                                  on_head=begin.on_head)
 
     async def _retry_slot(self, view: ModelView) -> bool:
         """A slot of the retry budget for one retry of ``view``'s request (then ``retries.done``):
