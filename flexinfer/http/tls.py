@@ -17,7 +17,10 @@ from typing import Protocol
 from flexinfer.http.client import UpstreamConnectError, UpstreamPool, UpstreamResponse
 from flexinfer.settings import UpstreamSettings
 
-__all__ = ["KeyedPool", "Link", "linked_pool", "tls_context"]
+__all__ = ["KeyedPool", "Link", "link_context", "linked_pool", "tls_context"]
+
+_contexts: dict[Link, ssl.SSLContext] = {}  # per link, built once (a CA store takes milliseconds to load)
+_MAX_CONTEXTS = 256
 
 
 class Link(Protocol):
@@ -79,13 +82,25 @@ class KeyedPool(UpstreamPool):
                                      response_timeout=response_timeout, on_head=on_head)
 
 
+def link_context(link: Link) -> ssl.SSLContext:
+    """The client context of a TLS link, made once per link and shared by its pool and the side
+    channels (flexinfer.proxy.sidedial); OSError / ssl.SSLError when its files cannot be used."""
+    ctx = _contexts.get(link)
+    if ctx is None:
+        ctx = tls_context(link.ca_file, link.insecure_skip_verify, link.cert_file, link.key_file)
+        if len(_contexts) >= _MAX_CONTEXTS:  # links come from config and rotated Secrets: bounded
+            _contexts.clear()
+        _contexts[link] = ctx
+    return ctx
+
+
 def linked_pool(host: str, port: int, settings: UpstreamSettings, link: Link) -> UpstreamPool:
     """A new pool for an endpoint with a link: TLS with its context (made once, here) and/or keyed.
     An unreadable ``ca_file`` (or client certificate) is an ``UpstreamConnectError`` (``tls_config``)."""
     ctx = None
     if link.tls:
         try:
-            ctx = tls_context(link.ca_file, link.insecure_skip_verify, link.cert_file, link.key_file)
+            ctx = link_context(link)
         except (OSError, ssl.SSLError) as exc:
             what = f"ca_file {link.ca_file!r}" + (f", cert_file {link.cert_file!r}" if link.cert_file else "")
             raise UpstreamConnectError(f"TLS settings of {host}:{port}: {what}: "
