@@ -32,6 +32,18 @@ class KubeconfigError(ValueError):
     """The kubeconfig (or the Secret holding it) cannot be used; ``str()`` says why."""
 
 
+def secret_bytes(secret: Mapping[str, Any], key: str) -> bytes | None:
+    """The value of ``key`` in a Secret body as bytes (``stringData`` plain wins over ``data``, which
+    is base64), or None when the Secret has no such key; ValueError (binascii.Error) for bad base64."""
+    plain = secret.get("stringData") or {}
+    if key in plain:
+        return str(plain[key]).encode()
+    data = secret.get("data") or {}
+    if key not in data:
+        return None
+    return base64.b64decode(str(data[key]), validate=True)
+
+
 def secret_value(secret: Mapping[str, Any], key: str | None) -> str:
     """The kubeconfig text in a Secret body: ``key``, else one of :data:`DEFAULT_KEYS`, else the only key."""
     data = dict(secret.get("data") or {})
@@ -42,12 +54,10 @@ def secret_value(secret: Mapping[str, Any], key: str | None) -> str:
         if key is None:
             raise KubeconfigError(f"the Secret has keys {keys or '(none)'}; name one in secretRef.key "
                                   f"(or use one of {', '.join(DEFAULT_KEYS)})")
-    if key in plain:
-        return str(plain[key])
-    if key not in data:
+    if key not in keys:
         raise KubeconfigError(f"the Secret has no key {key!r} (keys: {', '.join(keys) or 'none'})")
     try:
-        return base64.b64decode(str(data[key]), validate=True).decode("utf-8")
+        return (secret_bytes(secret, key) or b"").decode("utf-8")
     except (binascii.Error, UnicodeDecodeError) as e:
         raise KubeconfigError(f"key {key!r} of the Secret is not base64-encoded UTF-8 text: {e}") from None
 

@@ -13,8 +13,6 @@ Kubernetes API (``runtime.kubeglobal`` does), or log or put PEM text into a mess
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import os
 import shutil
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flexinfer.http.tls import tls_context
+from flexinfer.k8s.kubeconfig import secret_bytes
 from flexinfer.runtime.globalrt import TLSFiles
 
 __all__ = ["CA_KEY", "CERT_KEY", "INVALID", "KEY_KEY", "TLSMaterialError", "TLSStore"]
@@ -44,15 +43,13 @@ class TLSMaterialError(ValueError):
 def secret_pem(secret: Mapping[str, Any]) -> dict[str, bytes]:
     """The Secret's keys of interest, decoded (``data`` is base64, ``stringData`` plain)."""
     out: dict[str, bytes] = {}
-    data, plain = dict(secret.get("data") or {}), dict(secret.get("stringData") or {})
     for k in (CA_KEY, CERT_KEY, KEY_KEY):
-        if k in plain:
-            out[k] = str(plain[k]).encode()
-        elif k in data:
-            try:
-                out[k] = base64.b64decode(str(data[k]), validate=True)
-            except (binascii.Error, ValueError):
-                raise TLSMaterialError(INVALID, f"key {k} of the Secret is not base64") from None
+        try:
+            value = secret_bytes(secret, k)
+        except ValueError:  # binascii.Error
+            raise TLSMaterialError(INVALID, f"key {k} of the Secret is not base64") from None
+        if value is not None:
+            out[k] = value
     return out
 
 
