@@ -24,7 +24,6 @@ once shutdown began.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import select
@@ -74,6 +73,8 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child
     """SIGTERM to this process when ``parent`` exits (Linux); exit now if it already did."""
     if sys.platform.startswith("linux"):
+        import ctypes  # here, in the worker: a single-process server never loads it (its RSS)
+
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != parent:

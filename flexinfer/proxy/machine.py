@@ -20,7 +20,6 @@ Must not: do I/O, or be created after workers were forked (a child would not sha
 from __future__ import annotations
 
 import mmap
-import multiprocessing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -82,6 +81,8 @@ class MachineState:
         self._view = memoryview(self._map)
         # a semaphore in shared memory: the pure-Python twins' read-modify-writes (the compiled
         # twins use atomic instructions and never touch it)
+        import multiprocessing  # only with --workers N: a single process never loads it (its RSS)
+
         self.lock: Any = multiprocessing.get_context("fork").Lock()
 
     def _region(self, i: int) -> memoryview:

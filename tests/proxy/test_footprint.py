@@ -1,0 +1,45 @@
+"""The single-process proxy's resident memory (issue 15: peak RSS <= 40 MiB): modules that only
+some configurations need are imported when used, not by every ``flexinfer proxy``. Checked in a
+fresh interpreter that imports what ``flexinfer proxy -c FILE`` imports and builds a handler."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+# module -> the configuration that needs it
+LAZY = {
+    "multiprocessing": "--workers N (flexinfer.proxy.machine.MachineState's lock)",
+    "ctypes": "--workers N (a worker's parent-death signal, flexinfer.http.workers)",
+}
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from flexinfer.cli import build_parser
+    build_parser(["proxy"])
+    import flexinfer.cmd.proxy, flexinfer.cmd.workers, flexinfer.http.server, flexinfer.runtime.static
+    from flexinfer.proxy.pipeline import ProxyHandler
+    from flexinfer.runtime.static import StaticInventory
+    from flexinfer.settings import load_proxy_settings
+    inv = StaticInventory.from_file(sys.argv[1])
+    ProxyHandler(inv, load_proxy_settings())
+    print(" ".join(sorted(m for m in {names} if m in sys.modules)))
+""")
+
+
+def test_the_proxy_does_not_import_what_only_other_setups_need(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "inventory.yaml"
+    cfg.write_text("models:\n  - name: m\n    endpoints: [http://127.0.0.1:9]\n")
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(names=sorted(LAZY)), str(cfg)],
+                         capture_output=True, text=True, timeout=60, check=True)
+    loaded = out.stdout.split()
+    assert loaded == [], {m: LAZY[m] for m in loaded}
+
+
+def test_the_lazy_paths_still_work() -> None:
+    from flexinfer.proxy.machine import MachineState
+
+    state = MachineState(2)
+    with state.lock:  # the fork-context lock, made on first use of the module
+        pass
