@@ -54,12 +54,14 @@ def secret_value(secret: Mapping[str, Any], key: str | None) -> str:
         if key is None:
             raise KubeconfigError(f"the Secret has keys {keys or '(none)'}; name one in secretRef.key "
                                   f"(or use one of {', '.join(DEFAULT_KEYS)})")
-    if key not in keys:
-        raise KubeconfigError(f"the Secret has no key {key!r} (keys: {', '.join(keys) or 'none'})")
     try:
-        return (secret_bytes(secret, key) or b"").decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError) as e:
+        value = secret_bytes(secret, key)
+        text = None if value is None else value.decode("utf-8")
+    except (binascii.Error, UnicodeError) as e:  # UnicodeError: a stringData value that is no text either
         raise KubeconfigError(f"key {key!r} of the Secret is not base64-encoded UTF-8 text: {e}") from None
+    if text is None:
+        raise KubeconfigError(f"the Secret has no key {key!r} (keys: {', '.join(keys) or 'none'})")
+    return text
 
 
 def fingerprint(text: str) -> str:
