@@ -26,13 +26,12 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Gauge
-
 from flexinfer.http.server import current_worker
 from flexinfer.proxy.limits import Limiter, MachineBuckets
 from flexinfer.proxy.machine import MachineState, SharedLoad, SharedPrefixStore
 from flexinfer.proxy.metrics import ProxyMetrics
 from flexinfer.proxy.pipeline import ProxyHandler, ejector_for
+from flexinfer.proxy.prom import Gauge
 from flexinfer.proxy.redisshare import default_machine_id
 from flexinfer.proxy.routing import Router
 from flexinfer.proxy.workermetrics import PUBLISH_INTERVAL

@@ -1,6 +1,6 @@
 # The compiled build of metrics.py: the per-request numbers (a model's and an endpoint's series)
 # and the proxy's metrics tables as extension types (their attributes in C slots, written by every
-# request; ProxyMetrics keeps a __dict__ for its prometheus_client objects). The .py is the pure
+# request; ProxyMetrics keeps a __dict__ for its other metrics). The .py is the pure
 # twin; every slot is a public object, so semantics and visibility are the source's. Keep each list
 # equal to the class's __slots__ (tests/test_compiled.py).
 cdef class EndpointStats:

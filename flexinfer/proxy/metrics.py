@@ -5,8 +5,8 @@ one test process). The per-request series (requests by model and code, request d
 first byte, requests in flight; tokens, time to first token, inter-token latency, and per endpoint
 the duration, docs/llm-metrics.md) are plain integers, floats and bucket lists kept by
 :class:`ModelStats` / :class:`EndpointStats` and exported at scrape time by a custom collector with the same names, labels,
-types and samples (``_created`` included) as ``prometheus_client`` objects would give: a request
-pays a few integer additions and no lock. The rarer series stay ``prometheus_client`` objects.
+types and samples (``_created`` included) as labelled metrics would give: a request
+pays a few integer additions and no lock. The rarer series are :mod:`flexinfer.proxy.prom` metrics.
 Counters of the HTTP core (connections, rejections) are plain integers read at scrape time too, so
 the core never calls into Prometheus.
 Must not: slow the per-request methods (no lock, no Prometheus call, nothing for the sharing
@@ -24,15 +24,21 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
-
-from flexinfer.proxy.workermetrics import Family, Labels, SampleRow, ShareableRegistry, WorkerShare
+from flexinfer.proxy.prom import (
+    Counter,
+    Family,
+    Gauge,
+    Histogram,
+    Labels,
+    Registry,
+    SampleRow,
+    TextWriter,
+    float_to_go_string,
+)
+from flexinfer.proxy.workermetrics import WorkerShare
 
 PREFIX = "flexinfer_proxy"
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -48,8 +54,8 @@ MAX_ENDPOINT_SERIES = 1024
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 
 
-_LATENCY_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
-_ITL_LE = [floatToGoString(b) for b in ITL_BUCKETS] + ["+Inf"]
+_LATENCY_LE = [float_to_go_string(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+_ITL_LE = [float_to_go_string(b) for b in ITL_BUCKETS] + ["+Inf"]
 
 
 class EndpointStats:
@@ -120,61 +126,15 @@ _EP_DURATION_HELP = "Time from the upstream exchange's start to the last byte, b
 _EP_IN_FLIGHT_HELP = "Requests open to an endpoint (host:port) of a model."
 
 
-class _RequestCollector(Collector):
-    """Exports the plain per-request numbers of :class:`ProxyMetrics` at scrape time; ``rows()``
-    gives the same samples as plain tuples (the cross-worker snapshot, on every publish)."""
+class _RequestCollector:
+    """Exports the plain per-request numbers of :class:`ProxyMetrics` at scrape time, as rows (the
+    registry's ``collect()`` makes objects of them where asked)."""
 
     def __init__(self, owner: ProxyMetrics) -> None:
         self._owner = owner
         #: model -> (its labels, its labels with each ``le``): made once per model
         self._labels: dict[str, tuple[Labels, list[Labels]]] = {}
         self._request_labels: dict[tuple[str, int], Labels] = {}
-
-    def collect(self) -> Iterator[Any]:
-        owner = self._owner
-        requests = CounterMetricFamily(f"{PREFIX}_requests", _REQUESTS_HELP, labels=["model", "code"])
-        for (model, code), n in list(owner._requests.items()):
-            requests.add_metric([model, str(code)], n, created=owner._requests_created[(model, code)])
-        yield requests
-        decisions = CounterMetricFamily(f"{PREFIX}_routing_decisions", _DECISIONS_HELP,
-                                        labels=["model", "strategy", "key_source"])
-        for key, n in list(owner._decisions.items()):
-            decisions.add_metric(list(key), n, created=owner._decisions_created[key])
-        yield decisions
-        models = list(owner._models.items())
-        yield _histogram(f"{PREFIX}_request_duration_seconds", _DURATION_HELP,
-                         [(m, st.duration, st.duration_sum, st.created) for m, st in models])
-        yield _histogram(f"{PREFIX}_time_to_first_byte_seconds", _TTFB_HELP,
-                         [(m, st.ttfb, st.ttfb_sum, st.created) for m, st in models])
-        g = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", _IN_FLIGHT_HELP, labels=["model"])
-        for m, st in models:
-            g.add_metric([m], st.in_flight)
-        yield g
-        yield from self._llm(models)
-
-    def _llm(self, models: list[tuple[str, ModelStats]]) -> Iterator[Any]:
-        """Tokens, TTFT, ITL and the per-endpoint series (docs/llm-metrics.md)."""
-        owner = self._owner
-        for name, doc, attr in ((f"{PREFIX}_prompt_tokens", _PROMPT_HELP, "prompt_tokens"),
-                                (f"{PREFIX}_completion_tokens", _COMPLETION_HELP, "completion_tokens")):
-            c = CounterMetricFamily(name, doc, labels=["model"])
-            for m, st in models:
-                c.add_metric([m], getattr(st, attr), created=st.created)
-            yield c
-        yield _histogram(f"{PREFIX}_time_to_first_token_seconds", _TTFT_HELP,
-                         [(m, st.ttft, st.ttft_sum, st.created) for m, st in models])
-        yield _histogram(f"{PREFIX}_inter_token_latency_seconds", _ITL_HELP,
-                         [(m, st.itl, st.itl_sum, st.created) for m, st in models], _ITL_LE)
-        name = f"{PREFIX}_endpoint_request_duration_seconds"
-        h = HistogramMetricFamily(name, _EP_DURATION_HELP, labels=["model", "endpoint"])
-        for (m, ep), es in list(owner._endpoints.items()):
-            h.add_metric([m, ep], _cumulative(es.duration), es.duration_sum)
-            h.add_sample(f"{name}_created", {"model": m, "endpoint": ep}, es.created)
-        yield h
-        g = GaugeMetricFamily(f"{PREFIX}_endpoint_in_flight", _EP_IN_FLIGHT_HELP, labels=["model", "endpoint"])
-        for m, ep, n in owner.endpoint_load():
-            g.add_metric([m, ep], n)
-        yield g
 
     def rows(self) -> list[Family]:
         owner = self._owner
@@ -215,7 +175,7 @@ class _RequestCollector(Collector):
                 *self._llm_rows(labelled)]
 
     def _llm_rows(self, labelled: list[tuple[ModelStats, tuple[Labels, list[Labels]]]]) -> list[Family]:
-        """``rows()`` of the series of :meth:`_llm`."""
+        """Tokens, TTFT, ITL and the per-endpoint series (docs/llm-metrics.md)."""
         owner = self._owner
         out: list[Family] = []
         for name, doc, attr in ((f"{PREFIX}_prompt_tokens", _PROMPT_HELP, "prompt_tokens"),
@@ -254,15 +214,6 @@ class _RequestCollector(Collector):
         return got
 
 
-def _histogram(name: str, doc: str, series: list[tuple[str, list[int], float, float]],
-               les: list[str] = _LATENCY_LE) -> HistogramMetricFamily:
-    h = HistogramMetricFamily(name, doc, labels=["model"])
-    for model, counts, total, created in series:
-        h.add_metric([model], _cumulative(counts, les), total)
-        h.add_sample(f"{name}_created", {"model": model}, created)
-    return h
-
-
 def _histogram_rows(out: list[SampleRow], name: str, labels: Labels, les: list[Labels], counts: list[int],
                     total: float, created: float) -> None:
     bucket = f"{name}_bucket"
@@ -275,27 +226,25 @@ def _histogram_rows(out: list[SampleRow], name: str, labels: Labels, les: list[L
     out.append((f"{name}_created", labels, created))
 
 
-class _ServerCollector(Collector):
+class _ServerCollector:
     """Reads the HTTP core's plain counters (``ServerStats``) at scrape time."""
 
     def __init__(self, stats_source: Callable[[], Any]) -> None:
         self._source = stats_source
 
-    def collect(self) -> Iterator[Any]:
+    def rows(self) -> list[Family]:
         stats = self._source()
         if stats is None:
-            return
-        g = GaugeMetricFamily(f"{PREFIX}_active_connections", "Open client connections.")
-        g.add_metric([], getattr(stats, "connections_active", 0))
-        yield g
-        c = CounterMetricFamily(f"{PREFIX}_connections", "Client connections accepted.")
-        c.add_metric([], getattr(stats, "connections_total", 0))
-        yield c
-        r = CounterMetricFamily(f"{PREFIX}_http_rejections", "Requests refused by the HTTP core.",
-                                labels=["reason"])
-        for reason, n in sorted(getattr(stats, "rejections", {}).items()):
-            r.add_metric([reason], n)
-        yield r
+            return []
+        active, total = f"{PREFIX}_active_connections", f"{PREFIX}_connections"
+        rejections = f"{PREFIX}_http_rejections"
+        return [(active, "gauge", "Open client connections.", "",
+                 [(active, (), getattr(stats, "connections_active", 0))]),
+                (total, "counter", "Client connections accepted.", "",
+                 [(f"{total}_total", (), getattr(stats, "connections_total", 0))]),
+                (rejections, "counter", "Requests refused by the HTTP core.", "",
+                 [(f"{rejections}_total", (("reason", reason),), n)
+                  for reason, n in sorted(getattr(stats, "rejections", {}).items())])]
 
 
 class ProxyMetrics:
@@ -306,7 +255,7 @@ class ProxyMetrics:
                  "_requests_created")
 
     def __init__(self) -> None:
-        self.registry = reg = ShareableRegistry(auto_describe=True)
+        self.registry = reg = Registry()
         self._requests: dict[tuple[str, int], int] = {}
         self._requests_created: dict[tuple[str, int], float] = {}
         #: (model, strategy, key source) -> picks: plain numbers like ``_requests`` (no lock per pick)
@@ -348,6 +297,7 @@ class ProxyMetrics:
         self._stats_source: Callable[[], Any] = lambda: None
         reg.register(_ServerCollector(lambda: self._stats_source()))
         self._share: WorkerShare | None = None
+        self._writer = TextWriter()
 
     def bind_server_stats(self, source: Callable[[], Any]) -> None:
         self._stats_source = source
@@ -420,4 +370,4 @@ class ProxyMetrics:
         """The Prometheus text exposition: this process's, or the machine's when shared."""
         if self._share is not None:
             return self._share.render()
-        return generate_latest(self.registry)
+        return self._writer.write_rows(self.registry.rows())

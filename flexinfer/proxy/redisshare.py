@@ -61,10 +61,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from flexinfer._speedups import TokenBucket
 from flexinfer.proxy import redis_scripts as lua
+from flexinfer.proxy.prom import Counter, Gauge, Registry
 from flexinfer.settings import ProxySettings
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ class _Lease:
 class RedisShare:
     """One worker's share of a Redis: leases for rate limits, other machines' in-flight counts."""
 
-    def __init__(self, settings: ProxySettings, registry: CollectorRegistry, *, machine_id: str,
+    def __init__(self, settings: ProxySettings, registry: Registry, *, machine_id: str,
                  worker_id: str, local_load: Callable[[], Mapping[str, int]],
                  fallback: Fallback | None = None, clock: Callable[[], float] = time.monotonic,
                  charge_fallback: ChargeFallback | None = None) -> None:

@@ -1,9 +1,8 @@
 """One /metrics for the N worker processes of ``flexinfer proxy --workers N``.
 
 Owns: :class:`WorkerShare` (the snapshot file of one worker, ``<dir>/worker-<index>.snap``, the base
-a restarted worker adopts, the merge of the workers' snapshots), :class:`ShareableRegistry` (a
-registry whose collectors may hand their samples over as plain rows), the merge rules below, and
-:class:`TextWriter` (writes what ``prometheus_client.generate_latest`` writes for the same samples).
+a restarted worker adopts, the merge of the workers' snapshots) and the merge rules below; the rows
+it snapshots and the text it writes are :mod:`flexinfer.proxy.prom`'s.
 Must not: define metrics (``metrics.py`` does), touch the per-request path (it runs on the tick and
 on a scrape only), start threads or timers (the owner calls :meth:`WorkerShare.publish`), or make
 or remove the directory (the supervisor makes it before the fork and removes it at the end).
@@ -41,8 +40,7 @@ answers. A worker that cannot write its file (disk full) shows itself, in its ow
 of its last written snapshot (logged once), so the view stays the same whoever answers.
 
 Timestamps and exemplars of samples are not carried (the proxy sets none). Labels keep the order
-their collector gives (the same code in every worker); the writer sorts them, as prometheus_client
-does. The directory must be private to the machine's processes (``tempfile.mkdtemp`` makes it
+their collector gives (the same code in every worker); the writer sorts them. The directory must be private to the machine's processes (``tempfile.mkdtemp`` makes it
 0700): marshal is fast and exact, not meant for data from strangers. One live process per index.
 Nothing is fsync'ed: the files are for the processes of this machine, not for a reboot.
 """
@@ -55,15 +53,11 @@ import marshal
 import os
 import time
 from collections.abc import Iterable, Iterator
-from typing import Protocol, runtime_checkable
+from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from flexinfer.proxy.prom import Family, Labels, TextWriter, rows_of
 
-__all__ = ["PUBLISH_INTERVAL", "SUMMED_GAUGES", "SUMMED_TYPES", "Family", "RowCollector", "ShareableRegistry",
-           "Snapshot", "TextWriter", "WorkerShare", "collected_rows", "merge", "read_snapshot", "rows_of"]
+__all__ = ["PUBLISH_INTERVAL", "SUMMED_GAUGES", "SUMMED_TYPES", "Snapshot", "WorkerShare", "merge", "read_snapshot"]
 
 log = logging.getLogger("flexinfer.proxy.metrics")
 
@@ -79,62 +73,6 @@ SUMMED_TYPES = frozenset({"counter", "histogram", "summary"})
 PUBLISH_INTERVAL = 1.0
 
 _VERSION = 1
-
-Labels = tuple[tuple[str, str], ...]
-#: (sample name, label pairs, value)
-SampleRow = tuple[str, Labels, float]
-#: (family name, type, help, unit, samples)
-Family = tuple[str, str, str, str, list[SampleRow]]
-#: (family name, type, help, ((sample name, labels), value)...): what :class:`TextWriter` writes
-TextFamily = tuple[str, str, str, Iterable[tuple[tuple[str, Labels], float]]]
-
-
-@runtime_checkable
-class RowCollector(Protocol):
-    """A collector that can give its samples as plain rows, the same ones ``collect()`` gives,
-    without building ``Metric`` objects (cheaper on every publish)."""
-
-    def rows(self) -> list[Family]: ...
-
-
-def collected_rows(collector: Collector) -> list[Family]:
-    """What ``collector.collect()`` gives, as rows."""
-    return [(m.name, m.type, m.documentation, m.unit,
-             [(s.name, tuple(s.labels.items()), s.value) for s in m.samples])
-            for m in collector.collect()]
-
-
-def rows_of(collector: Collector) -> list[Family]:
-    """What ``collector.collect()`` gives, as rows: its own ``rows()`` when it has one."""
-    if isinstance(collector, RowCollector):
-        return collector.rows()
-    return collected_rows(collector)
-
-
-class ShareableRegistry(CollectorRegistry):
-    """A ``CollectorRegistry`` that remembers its collectors, so that :meth:`rows` takes the cheap
-    ``rows()`` of those that offer one (:class:`RowCollector`) and converts the others."""
-
-    def __init__(self, auto_describe: bool = False) -> None:
-        self._in_order: list[Collector] = []
-        super().__init__(auto_describe=auto_describe)
-
-    def register(self, collector: Collector) -> None:
-        super().register(collector)
-        self._in_order.append(collector)
-
-    def unregister(self, collector: Collector) -> None:
-        super().unregister(collector)
-        self._in_order.remove(collector)
-
-    def rows(self) -> list[Family]:
-        if self.get_target_info() is not None:
-            return collected_rows(self)
-        out: list[Family] = []
-        for collector in list(self._in_order):
-            out.extend(rows_of(collector))
-        return out
-
 
 class Snapshot:
     """What one worker published: its index and pid, when, and its families."""
@@ -206,64 +144,6 @@ class _Merged:
                 for name, (typ, doc, unit, values) in self.families.items()]
 
 
-def _value(v: float) -> str:
-    if -1e6 < v < 1e6:  # repr has at most 6 digits before the dot: floatToGoString is repr then
-        return repr(float(v))
-    return floatToGoString(v)
-
-
-_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-_TYPE_RENAME = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
-
-
-class TextWriter:
-    """The Prometheus text format (0.0.4) of rows, line for line what ``generate_latest`` writes
-    for the same samples; keeps each series' name-and-labels prefix (series are few and live long)."""
-
-    def __init__(self) -> None:
-        self._prefixes: dict[tuple[str, Labels], str] = {}
-
-    def _prefix(self, key: tuple[str, Labels]) -> str:
-        sname, labels = key
-        name = escape_metric_name(sname)
-        if not labels:
-            p = f"{name} "
-        else:
-            inner = ",".join(
-                '{}="{}"'.format(escape_label_name(k),
-                                 v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
-                for k, v in sorted(labels))
-            p = f"{name}{{{inner}}} "
-        self._prefixes[key] = p
-        return p
-
-    def write(self, families: Iterable[TextFamily]) -> bytes:
-        """The text of ``(name, type, help, ((sample name, labels), value)...)`` families."""
-        prefixes = self._prefixes
-        out: list[str] = []
-        for name, typ, doc, samples in families:
-            mname = name + "_total" if typ == "counter" else name + "_info" if typ == "info" else name
-            doc = doc.replace("\\", r"\\").replace("\n", r"\n")
-            ename = escape_metric_name(mname)
-            out.append(f"# HELP {ename} {doc}\n# TYPE {ename} {_TYPE_RENAME.get(typ, typ)}\n")
-            om: dict[str, list[str]] | None = None
-            for key, v in samples:
-                p = prefixes.get(key) or self._prefix(key)
-                sname = key[0]
-                if sname.startswith(name) and sname[len(name):] in _OM_SUFFIXES:
-                    if om is None:
-                        om = {}
-                    om.setdefault(sname[len(name):], []).append(f"{p}{_value(v)}\n")
-                else:
-                    out.append(f"{p}{_value(v)}\n")
-            if om:
-                for suffix, lines in sorted(om.items()):
-                    e = escape_metric_name(name + suffix)
-                    out.append(f"# HELP {e} {doc}\n# TYPE {e} gauge\n")
-                    out.extend(lines)
-        return "".join(out).encode("utf-8")
-
-
 def merge(snapshots: Iterable[Snapshot], alive: Iterable[bool] | None = None,
           writer: TextWriter | None = None) -> bytes:
     """The text exposition of ``snapshots`` merged by the rules of this module, added in the order
@@ -312,7 +192,7 @@ class WorkerShare:
     written at once (so the predecessor's gauges leave the view now).
     """
 
-    def __init__(self, collector: Collector, directory: str, index: int, count: int,
+    def __init__(self, collector: Any, directory: str, index: int, count: int,
                  interval: float | None = None) -> None:
         if not 0 <= index < count:
             raise ValueError(f"worker index {index} not in 0..{count - 1}")

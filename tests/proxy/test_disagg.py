@@ -48,7 +48,7 @@ class Disagg(Stack):
 
     def counted(self, stage: str, outcome: str) -> float:
         c = self.handler.metrics.disagg_requests.labels("m", stage, outcome)
-        return float(c._value.get())
+        return float(c.value)
 
 
 @pytest.fixture

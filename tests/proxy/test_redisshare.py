@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, generate_latest
 
 from flexinfer.proxy import redis_scripts as lua
+from flexinfer.proxy.prom import Registry, generate_latest
 from flexinfer.proxy.redisshare import IDLE_RETURN, RedisShare, default_machine_id
 from flexinfer.settings import ProxySettings, SettingsError, load_proxy_settings, with_changes
 from tests.harness import free_port, reach
@@ -54,7 +54,7 @@ class Load:
 async def share(url: str, machine: str, worker: str = "0", load: Callable[[], Mapping[str, int]] | None = None,
                 **kw: Any) -> AsyncIterator[RedisShare]:
     fallback = kw.pop("fallback", None)
-    s = RedisShare(settings(url, **kw), CollectorRegistry(), machine_id=machine, worker_id=worker,
+    s = RedisShare(settings(url, **kw), Registry(), machine_id=machine, worker_id=worker,
                    local_load=load or Load(), fallback=fallback)
     await s.start()
     try:
@@ -67,7 +67,7 @@ async def decide(r: float | Any) -> float:
     return r if isinstance(r, float) else await r
 
 
-def metric(reg: CollectorRegistry, name: str, **labels: str) -> float:
+def metric(reg: Registry, name: str, **labels: str) -> float:
     value = reg.get_sample_value(name, labels)
     return 0.0 if value is None else value
 
@@ -250,7 +250,7 @@ async def test_a_dead_worker_vanishes_after_the_member_ttl(server: RedisServer) 
 
 async def test_redis_killed_and_restarted_mid_run(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "flexinfer.proxy.redisshare")
-    regs = {"A": CollectorRegistry(), "B": CollectorRegistry()}
+    regs = {"A": Registry(), "B": Registry()}
     loads = {"A": Load(ep1=7), "B": Load()}
     shares = {m: RedisShare(settings(server.url), regs[m], machine_id=m, worker_id="0", local_load=loads[m])
               for m in regs}
@@ -419,11 +419,11 @@ def test_identities() -> None:
     assert default_machine_id() == f"{socket.gethostname()}-{os.getpid()}"
     assert default_machine_id("pod-1") == "pod-1"
     with pytest.raises(ValueError):
-        RedisShare(ProxySettings(), CollectorRegistry(), machine_id="a\x1fb", worker_id="0", local_load=Load())
+        RedisShare(ProxySettings(), Registry(), machine_id="a\x1fb", worker_id="0", local_load=Load())
 
 
 async def test_off_without_a_url() -> None:
-    s = RedisShare(ProxySettings(), CollectorRegistry(), machine_id="m", worker_id="0", local_load=Load())
+    s = RedisShare(ProxySettings(), Registry(), machine_id="m", worker_id="0", local_load=Load())
     await s.start()
     assert not s.up and s.take("g", 10.0, 2.0) == 0.0
     await s.stop()

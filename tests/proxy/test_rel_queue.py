@@ -63,7 +63,7 @@ def flood(stack: Stack, n: int, q: int, spacing: float, check_p99: bool = True) 
         # the model turns ready once every request has arrived and the queue is full
         act = stack.handler.activator
         rejected = stack.handler.metrics.queue_rejected.labels("z")
-        stack.run(reach(lambda: act.queue_depth("z") >= q and rejected._value.get() >= n - q, timeout=120), timeout=130)
+        stack.run(reach(lambda: act.queue_depth("z") >= q and rejected.value >= n - q, timeout=120), timeout=130)
         stack.loop.call_soon_threadsafe(stack.inventory.update, ready)  # type: ignore[union-attr]
         out, _ = client.communicate(timeout=120)
     finally:
@@ -128,7 +128,7 @@ def deadline(stack: Stack, k: int, timeout: float) -> None:
     stack.run(reach(lambda: stack.inventory.resolve("z").ready))  # type: ignore[union-attr]
     errs = [abs(took - timeout) / timeout for _, took, _ in results]
     wait = stack.handler.metrics.queue_wait.labels("z")  # the activator's own view: arrival to 504
-    internal_mean = wait._sum.get() / k
+    internal_mean = wait.sum / k
     figure("F10-timeout", queued=k, timeout_s=timeout, status=dict(Counter(s for s, _, _ in results)),
            min_s=min(r[1] for r in results), max_s=max(r[1] for r in results), worst_error_pct=max(errs) * 100,
            proxy_side_mean_wait_s=internal_mean,
