@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 
 import pytest
 
-from flexinfer.proxy.enginemetrics import EngineState, fresh, parse, parse_adapters
+from flexinfer.proxy.enginemetrics import _LINE, _SAMPLE, _WANTED, EngineState, fresh, parse, parse_adapters
 
 
 def _hist(name: str, labels: str, total: float, count: float) -> str:
@@ -179,3 +181,73 @@ def test_adapters_from_vllm_models() -> None:
     assert parse_adapters(b'{"object":"list","data":[{"id":"stub","object":"model","owned_by":"stub"}]}') == frozenset()
     for bad in (b"not json", b'{"data": 3}', b"[]", b'{"object":"list"}', b"[" * 100_000):
         assert parse_adapters(bad) is None
+
+
+def _reference(line: str) -> list[tuple[str, float]] | None:
+    """prometheus_client's reading of one sample line: (name, value) pairs, None when it refuses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return [(s.name, float(s.value)) for f in text_string_to_metric_families(line + "\n") for s in f.samples]
+    except Exception:
+        return None
+
+
+def _ours(line: str) -> list[tuple[str, float]] | None:
+    m = _LINE.match(line)
+    try:
+        if m is None or (m.group(3) is not None and float(m.group(3)) is None):
+            return None
+        return [(m.group(1), float(m.group(2)))]
+    except ValueError:
+        return None
+
+
+def _same(a: list[tuple[str, float]] | None, b: list[tuple[str, float]] | None) -> bool:
+    """The same readings (NaN equal to NaN; -0 and 0 equal, as the parsers read them)."""
+    return a is not None and b is not None and len(a) == len(b) and all(
+        x[0] == y[0] and (x[1] == y[1] or (math.isnan(x[1]) and math.isnan(y[1]))) for x, y in zip(a, b, strict=True))
+
+
+def _label_value(rnd: random.Random) -> str:
+    return "".join(rnd.choice(['a', 'ü', ' ', ',', '=', '{', '}', '\\\\', '\\"', '\\n', '#']) for _ in range(rnd.randrange(6)))
+
+
+def test_the_line_parser_reads_well_formed_lines_as_prometheus_client_does() -> None:
+    """Lines of the format (any label set with escapes, any value, a timestamp or none) are read
+    alike; mutated lines are refused or read alike: never read differently, never accepted where
+    prometheus_client refuses them."""
+    rnd = random.Random(5)
+    names = sorted(_WANTED)
+    well_formed = []
+    for _ in range(3000):
+        pairs = ",".join(f'{name}="{_label_value(rnd)}"'
+                         for name in rnd.sample(["a", "model_name", "engine", "_x9"], rnd.randrange(4)))
+        labels = rnd.choice(["", f"{{{pairs}}}", f"{{{pairs},}}" if pairs else "{}"])
+        value = rnd.choice(["0", "3", "1.5e3", "-2", "NaN", "+Inf", "-Inf", "1e-9", "17.25"])
+        stamp = rnd.choice(["", " 1700000000000", "\t-5"])
+        well_formed.append(f"{rnd.choice(names)}{labels}{rnd.choice([' ', chr(9), '  '])}{value}{stamp}")
+    for line in well_formed:
+        want, got = _reference(line), _ours(line)
+        assert _same(got, want), line
+    checked = 0
+    for _ in range(20000):
+        chars = list(rnd.choice(well_formed))
+        for _ in range(rnd.randint(1, 3)):
+            at = rnd.randrange(len(chars))
+            op = rnd.random()
+            if op < 0.4:
+                chars.insert(at, rnd.choice('{}",= \t\\n01a_.e+-:'))
+            elif op < 0.8:
+                del chars[at]
+            else:
+                chars[at] = rnd.choice('{}",= \t\\n01a_.e+-:')
+        line = "".join(chars).strip()
+        m = _SAMPLE.match(line)
+        if m is None or m.group(0) not in _WANTED:
+            continue
+        checked += 1
+        got = _ours(line)
+        if got is not None:
+            assert _same(got, _reference(line)), line
+    assert checked > 2000
