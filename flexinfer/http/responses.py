@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from email.utils import formatdate
 from http import HTTPStatus
 
 from flexinfer.errors import (
@@ -41,6 +40,7 @@ __all__ = [
     "date_header",
     "error_response",
     "error_response_parts",
+    "http_date",
     "refresh_date",
     "rejection_parts",
     "sse_comment",
@@ -80,6 +80,17 @@ LAST_CHUNK = b"0\r\n\r\n"
 #: it without a function call while the tick swaps the value.
 DATE: list[bytes] = [b""]
 _date_second = [-1]
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(sec: int) -> str:
+    """``sec`` as an IMF-fixdate (RFC 9110 5.6.7: ``Sun, 06 Nov 1994 08:49:37 GMT``), in English
+    whatever the locale (``email.utils.formatdate`` writes the same; its package costs the proxy
+    0.4 MB of memory for this one line)."""
+    t = time.gmtime(sec)
+    return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
 
 
 def refresh_date(now: float | None = None) -> bool:
@@ -88,7 +99,7 @@ def refresh_date(now: float | None = None) -> bool:
     if sec == _date_second[0]:
         return False
     _date_second[0] = sec
-    DATE[0] = b"date: " + formatdate(sec, usegmt=True).encode("ascii") + b"\r\n"
+    DATE[0] = b"date: " + http_date(sec).encode("ascii") + b"\r\n"
     return True
 
 

@@ -373,6 +373,24 @@ async def test_date_header_cached_and_refreshed_by_tick() -> None:
     assert responses.date_header() != b"date: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
 
 
+def test_http_date_is_what_formatdate_writes_whatever_the_locale() -> None:
+    import locale
+    import random
+    from email.utils import formatdate
+
+    seconds = [0, 951782400, 4107542399, 1700000000] + [random.randrange(0, 2 ** 32) for _ in range(2000)]
+    old = locale.setlocale(locale.LC_TIME)
+    try:
+        for name in ("de_DE.UTF-8", "fr_FR.UTF-8", "C.UTF-8"):
+            try:
+                locale.setlocale(locale.LC_TIME, name)
+            except locale.Error:
+                continue
+            assert [responses.http_date(s) for s in seconds] == [formatdate(s, usegmt=True) for s in seconds]
+    finally:
+        locale.setlocale(locale.LC_TIME, old)
+
+
 def test_sse_framing() -> None:
     assert responses.sse_event(b'{"a":1}') == b'data: {"a":1}\n\n'
     assert responses.sse_event(b"a\nb") == b"data: a\ndata: b\n\n"
