@@ -1,4 +1,4 @@
-"""The import rules of docs/architecture.md (R1-R6), checked by walking every module's imports
+"""The import rules of docs/architecture.md (R1-R7), checked by walking every module's imports
 (AST, no execution; imports inside functions count too)."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ PROXY_FLOOR_1 = ("http",)  # R3
 KUBE_LIBS = ("kubernetes_asyncio", "kopf", "kubernetes")
 KUBE_ALLOWED = ("k8s", "runtime.kube", "operator", "scheduler", "agent", "tps")  # R5
 OTEL_ALLOWED = ("flexinfer.proxy.tracing",)  # R6: the optional otel extra, imported there only (lazily)
+NO_PROMETHEUS_CLIENT = ("http", "proxy")  # R7: the proxy process's metrics are flexinfer.proxy.prom
 
 
 def modules() -> dict[str, set[str]]:
@@ -88,6 +89,10 @@ def check(mods: dict[str, set[str]]) -> list[str]:
         otel = sorted(i for i in mods[name] if i.split(".")[0] == "opentelemetry")
         if otel and name not in OTEL_ALLOWED:
             problems.append(f"R6 {name}: only {', '.join(OTEL_ALLOWED)} imports opentelemetry, found {otel}")
+        prometheus = sorted(i for i in mods[name] if i.split(".")[0] == "prometheus_client")
+        if prometheus and part(name) in NO_PROMETHEUS_CLIENT:
+            problems.append(f"R7 {name}: the proxy and the HTTP core do not import prometheus_client "
+                            f"(flexinfer.proxy.prom), found {prometheus}")
     return problems
 
 
@@ -119,12 +124,14 @@ def test_rules_catch_what_they_name() -> None:
         "flexinfer.settings": {"kubernetes_asyncio"},
         "flexinfer.proxy.tracing": {"opentelemetry.sdk.trace"},  # allowed
         "flexinfer.proxy.pipeline": {"opentelemetry.trace"},
+        "flexinfer.proxy.y": {"prometheus_client.parser"},
+        "flexinfer.operator.x": {"prometheus_client"},  # allowed
     }
     found = check(bad)
     rules = sorted({p.split()[0] + " " + p.split()[1].rstrip(":").removeprefix("flexinfer.") for p in found})
     assert rules == sorted([
         "R1 _speedups.x", "R2 errors", "R2 http.x", "R2 runtime.x", "R2 runtime.y", "R2 proxy.x", "R3 proxy.x",
-        "R2 k8s.x", "R4 cli", "R5 settings", "R6 proxy.pipeline",
+        "R2 k8s.x", "R4 cli", "R5 settings", "R6 proxy.pipeline", "R7 proxy.y",
     ]), found
 
 

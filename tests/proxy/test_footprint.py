@@ -8,10 +8,16 @@ import subprocess
 import sys
 import textwrap
 
-# module -> the configuration that needs it
+# module -> the configuration that needs it, or why no proxy needs it
 LAZY = {
     "multiprocessing": "--workers N (flexinfer.proxy.machine.MachineState's lock)",
     "ctypes": "--workers N (a worker's parent-death signal, flexinfer.http.workers)",
+    "prometheus_client": "none: the proxy's metrics are flexinfer.proxy.prom, engine pages are read by "
+                         "flexinfer.proxy.enginemetrics (its package imports the stdlib below, 4.4 MB)",
+    "urllib.request": "none (prometheus_client's push client imported it)",
+    "http.server": "none (prometheus_client's exposition server imported it)",
+    "wsgiref": "none (prometheus_client's exposition server imported it)",
+    "email": "none (email.utils.formatdate wrote the Date header: flexinfer.http.responses.http_date)",
 }
 #: loaded by the pure-Python twins themselves (FLEXINFER_NO_EXTENSIONS=1: shmstate_py's atomics)
 PURE_NEEDS = frozenset({"ctypes"})
