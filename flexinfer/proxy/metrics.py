@@ -104,15 +104,6 @@ class ModelStats(EndpointStats):
         self.ttft_sum += seconds
 
 
-def _cumulative(counts: list[int], les: list[str] = _LATENCY_LE) -> list[tuple[str, float]]:
-    out: list[tuple[str, float]] = []
-    total = 0
-    for le, n in zip(les, counts, strict=True):
-        total += n
-        out.append((le, total))
-    return out
-
-
 _REQUESTS_HELP = "Requests answered, by model and status code."
 _DURATION_HELP = "Time from request to last byte."
 _TTFB_HELP = "Time from request to the response head sent to the client."
