@@ -56,7 +56,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_BYTES", "MAX_SERIES", "EngineState", "fresh", "parse", "parse_adapters"]
+__all__ = ["MAX_BYTES", "MAX_SERIES", "EngineState", "fresh", "parse", "parse_adapters", "read_sample"]
 
 #: Default byte limit of a page: larger pages are an error ("too_large") and are not parsed.
 MAX_BYTES = 1 << 20
@@ -85,10 +85,12 @@ _WANTED = _GAUGES | frozenset(h + s for h in _HISTS for s in ("_sum", "_count"))
 # a sample line starts with a metric name followed by labels, a blank or a tab
 _SAMPLE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?=[{ \t])")
 _PAIR = r'[ \t]*(?!__)[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\\n]|\\[^\n])*"[ \t]*'
-#: a whole sample line (stripped): name, labels (checked, not kept; a backslash escapes any
-#: character, as Prometheus reads them), value, optional timestamp (a number)
-_LINE = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*\{{(?:{_PAIR}(?:,{_PAIR})*,?[ \t]*)?\}}[ \t]*|[ \t]+)"
+#: a whole sample line (stripped): name, label set (checked, not kept; a backslash escapes any
+#: character, as Prometheus reads them; no name twice), value, optional timestamp (a number)
+_LINE = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*\{{((?:{_PAIR}(?:,{_PAIR})*,?[ \t]*)?)\}}[ \t]*|[ \t]+)"
                    r"([^ \t_]+)(?:[ \t]+([^ \t_]+))?\Z")
+#: the label names of a label set that ``_LINE`` matched (a name given twice makes the line malformed)
+_LABEL_NAMES = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"(?:[^"\\\n]|\\[^\n])*"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,26 @@ def _mean(total: tuple[float, float] | None, prev_total: tuple[float, float] | N
     return prev_mean
 
 
+def read_sample(line: str) -> tuple[str, float] | None:
+    """(name, value) of one stripped sample line; None when the line is malformed (:data:`_LINE`,
+    a label name given twice, a value or timestamp that is not a number)."""
+    m = _LINE.match(line)
+    if m is None:
+        return None
+    name, labels, value, stamp = m.groups()
+    if labels:
+        names = _LABEL_NAMES.findall(labels)
+        if len(set(names)) != len(names):
+            return None
+    try:
+        v = float(value)
+        if stamp is not None:
+            float(stamp)
+    except ValueError:
+        return None
+    return name, v
+
+
 def parse(text: str, previous: EngineState | None, now: float, max_bytes: int = MAX_BYTES,
           max_series: int = MAX_SERIES) -> EngineState:
     """Read a ``/metrics`` page. Never raises: a page over ``max_bytes`` characters or with more than
@@ -147,34 +169,28 @@ def parse(text: str, previous: EngineState | None, now: float, max_bytes: int = 
     if len(text) > max_bytes:
         return failed(previous, now, "too_large")
     kept: list[str] = []
-    try:
-        for line in text.split("\n"):
-            s = line.strip()
-            if not s or s[0] == "#":
-                continue
-            m = _SAMPLE.match(s)
-            if m is None:
-                return failed(previous, now, "malformed")
-            if m.group(0) in _WANTED:
-                if len(kept) == max_series:
-                    return failed(previous, now, "too_large")
-                kept.append(s)
-        sums: dict[str, float] = {}
-        maxes: dict[str, float] = {}
-        for line in kept:
-            sample = _LINE.match(line)
-            if sample is None:
-                return failed(previous, now, "malformed")
-            name = sample.group(1)
-            v = float(sample.group(2))  # ValueError: malformed
-            if sample.group(3) is not None:
-                float(sample.group(3))  # the timestamp: a number, else malformed
-            if not math.isfinite(v) or v < 0:
-                continue
-            sums[name] = sums.get(name, 0.0) + v
-            maxes[name] = max(maxes.get(name, 0.0), v)
-    except ValueError:
-        return failed(previous, now, "malformed")
+    for line in text.split("\n"):
+        s = line.strip()
+        if not s or s[0] == "#":
+            continue
+        m = _SAMPLE.match(s)
+        if m is None:
+            return failed(previous, now, "malformed")
+        if m.group(0) in _WANTED:
+            if len(kept) == max_series:
+                return failed(previous, now, "too_large")
+            kept.append(s)
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    for line in kept:
+        sample = read_sample(line)
+        if sample is None:
+            return failed(previous, now, "malformed")
+        name, v = sample
+        if not math.isfinite(v) or v < 0:
+            continue
+        sums[name] = sums.get(name, 0.0) + v
+        maxes[name] = max(maxes.get(name, 0.0), v)
 
     engine = next((e for e in _ENGINES if any(n in sums for n in _WAITING[e] + _RUNNING[e] + _KV[e])), None)
     if engine is None:

@@ -8,7 +8,15 @@ import random
 
 import pytest
 
-from flexinfer.proxy.enginemetrics import _LINE, _SAMPLE, _WANTED, EngineState, fresh, parse, parse_adapters
+from flexinfer.proxy.enginemetrics import (
+    _SAMPLE,
+    _WANTED,
+    EngineState,
+    fresh,
+    parse,
+    parse_adapters,
+    read_sample,
+)
 
 
 def _hist(name: str, labels: str, total: float, count: float) -> str:
@@ -128,6 +136,8 @@ def test_unknown_engine_is_all_unknown_not_idle() -> None:
     "vllm:num_requests_waiting{model_name=\"m\" 3\n",
     vllm_v1() + "vllm:num_requests_running{engine=\"0\",model_name=\"m\",} }{ 1\n",
     "\x00\x01\x02 garbage\n",
+    'vllm:num_requests_waiting{model_name="m",engine="0",model_name="n"} 3\n',  # a label given twice
+    "vllm:num_requests_waiting 3 1700000000000 7\n",
 ])
 def test_malformed_page_is_an_error_never_an_exception(page: str) -> None:
     prev = parse(vllm_v1(), None, 1.0)
@@ -194,13 +204,8 @@ def _reference(line: str) -> list[tuple[str, float]] | None:
 
 
 def _ours(line: str) -> list[tuple[str, float]] | None:
-    m = _LINE.match(line)
-    try:
-        if m is None or (m.group(3) is not None and float(m.group(3)) is None):
-            return None
-        return [(m.group(1), float(m.group(2)))]
-    except ValueError:
-        return None
+    got = read_sample(line)
+    return None if got is None else [got]
 
 
 def _same(a: list[tuple[str, float]] | None, b: list[tuple[str, float]] | None) -> bool:
@@ -215,8 +220,8 @@ def _label_value(rnd: random.Random) -> str:
 
 def test_the_line_parser_reads_well_formed_lines_as_prometheus_client_does() -> None:
     """Lines of the format (any label set with escapes, any value, a timestamp or none) are read
-    alike; mutated lines are refused or read alike: never read differently, never accepted where
-    prometheus_client refuses them."""
+    alike; mutated lines and lines with a label given twice are refused or read alike: never read
+    differently, never accepted where prometheus_client refuses them."""
     rnd = random.Random(5)
     names = sorted(_WANTED)
     well_formed = []
@@ -230,6 +235,8 @@ def test_the_line_parser_reads_well_formed_lines_as_prometheus_client_does() -> 
     for line in well_formed:
         want, got = _reference(line), _ours(line)
         assert _same(got, want), line
+    twice = [line.replace("{", '{a="1",a="2",', 1) for line in well_formed if "{" in line]
+    assert twice and all(_reference(line) is None and _ours(line) is None for line in twice)
     checked = 0
     for _ in range(20000):
         chars = list(rnd.choice(well_formed))
