@@ -37,6 +37,7 @@ from flexinfer.proxy.prom import (
     SampleRow,
     TextWriter,
     float_to_go_string,
+    histogram_rows,
 )
 from flexinfer.proxy.workermetrics import WorkerShare
 
@@ -155,8 +156,8 @@ class _RequestCollector:
         in_flight: list[SampleRow] = []
         dname, tname = f"{PREFIX}_request_duration_seconds", f"{PREFIX}_time_to_first_byte_seconds"
         for st, (labels, les) in labelled:
-            _histogram_rows(duration, dname, labels, les, st.duration, st.duration_sum, st.created)
-            _histogram_rows(ttfb, tname, labels, les, st.ttfb, st.ttfb_sum, st.created)
+            histogram_rows(duration, dname, labels, les, st.duration, st.duration_sum, st.created)
+            histogram_rows(ttfb, tname, labels, les, st.ttfb, st.ttfb_sum, st.created)
             in_flight.append((f"{PREFIX}_requests_in_flight", labels, st.in_flight))
         return [(name, "counter", _REQUESTS_HELP, "", req),
                 (decname, "counter", _DECISIONS_HELP, "", dec),
@@ -180,16 +181,16 @@ class _RequestCollector:
         itl: list[SampleRow] = []
         tname, iname = f"{PREFIX}_time_to_first_token_seconds", f"{PREFIX}_inter_token_latency_seconds"
         for st, (labels, les) in labelled:
-            _histogram_rows(ttft, tname, labels, les, st.ttft, st.ttft_sum, st.created)
+            histogram_rows(ttft, tname, labels, les, st.ttft, st.ttft_sum, st.created)
             ites = [(*labels, ("le", le)) for le in _ITL_LE]
-            _histogram_rows(itl, iname, labels, ites, st.itl, st.itl_sum, st.created)
+            histogram_rows(itl, iname, labels, ites, st.itl, st.itl_sum, st.created)
         out.append((tname, "histogram", _TTFT_HELP, "", ttft))
         out.append((iname, "histogram", _ITL_HELP, "", itl))
         ename = f"{PREFIX}_endpoint_request_duration_seconds"
         eps: list[SampleRow] = []
         for (m, ep), es in list(owner._endpoints.items()):
             elabels: Labels = (("model", m), ("endpoint", ep))
-            _histogram_rows(eps, ename, elabels, [(*elabels, ("le", le)) for le in _LATENCY_LE], es.duration,
+            histogram_rows(eps, ename, elabels, [(*elabels, ("le", le)) for le in _LATENCY_LE], es.duration,
                             es.duration_sum, es.created)
         out.append((ename, "histogram", _EP_DURATION_HELP, "", eps))
         gname = f"{PREFIX}_endpoint_in_flight"
@@ -203,18 +204,6 @@ class _RequestCollector:
             labels: Labels = (("model", model),)
             got = self._labels[model] = (labels, [(("model", model), ("le", le)) for le in _LATENCY_LE])
         return got
-
-
-def _histogram_rows(out: list[SampleRow], name: str, labels: Labels, les: list[Labels], counts: list[int],
-                    total: float, created: float) -> None:
-    bucket = f"{name}_bucket"
-    n = 0
-    for le_labels, c in zip(les, counts, strict=True):
-        n += c
-        out.append((bucket, le_labels, n))
-    out.append((f"{name}_count", labels, n))
-    out.append((f"{name}_sum", labels, total))
-    out.append((f"{name}_created", labels, created))
 
 
 class _ServerCollector:

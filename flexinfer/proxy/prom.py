@@ -31,7 +31,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = ["Counter", "Family", "Gauge", "Histogram", "Labels", "Metric", "Registry", "RowCollector", "Sample",
-           "SampleRow", "TextWriter", "collected_rows", "float_to_go_string", "generate_latest", "rows_of"]
+           "SampleRow", "TextWriter", "collected_rows", "float_to_go_string", "generate_latest", "histogram_rows",
+           "rows_of"]
 
 Labels = tuple[tuple[str, str], ...]
 #: (sample name, label pairs, value)
@@ -147,9 +148,18 @@ def rows_of(collector: Any) -> list[Family]:
     return collected_rows(collector)
 
 
-def _as_metrics(rows: list[Family]) -> Iterator[Metric]:
-    for name, typ, doc, unit, samples in rows:
-        yield Metric(name, doc, typ, unit, [Sample(s, dict(labels), v) for s, labels, v in samples])
+def histogram_rows(out: list[SampleRow], name: str, labels: Labels, le_labels: Iterable[Labels],
+                   counts: Iterable[int], total: float, created: float) -> None:
+    """Append one label set's histogram samples to ``out``: cumulative ``_bucket`` rows (``le_labels``:
+    ``labels`` plus each bound's ``le``, one per non-cumulative count), ``_count``, ``_sum``, ``_created``."""
+    bucket = f"{name}_bucket"
+    n = 0
+    for le, c in zip(le_labels, counts, strict=True):
+        n += c
+        out.append((bucket, le, n))
+    out.append((f"{name}_count", labels, n))
+    out.append((f"{name}_sum", labels, total))
+    out.append((f"{name}_created", labels, created))
 
 
 # ---- the metric types ----------------------------------------------------------------------------
@@ -260,10 +270,6 @@ class _Family:
     def rows(self) -> list[Family]:
         return [(self.name, self.type, self.documentation, self.unit, self._samples())]
 
-    def collect(self) -> Iterator[Metric]:
-        """The family as an object (a ``prometheus_client`` registry reads it so)."""
-        return _as_metrics(self.rows())
-
 
 class Counter(_Family):
     """A counter (``<name>_total`` and ``<name>_created`` per label set; a trailing ``_total`` in
@@ -339,17 +345,10 @@ class Histogram(_Family):
         self._only().observe(amount)
 
     def _samples(self) -> list[SampleRow]:
-        name = self.name
-        bucket, count, total, created = f"{name}_bucket", f"{name}_count", f"{name}_sum", f"{name}_created"
         out: list[SampleRow] = []
         for labels, v in self._children.values():
-            n = 0
-            for le, c in zip(self._le, v.counts, strict=True):
-                n += c
-                out.append((bucket, (*labels, ("le", le)), n))
-            out.append((count, labels, n))
-            out.append((total, labels, v.sum))
-            out.append((created, labels, v.created))
+            histogram_rows(out, self.name, labels, [(*labels, ("le", le)) for le in self._le], v.counts, v.sum,
+                           v.created)
         return out
 
 
@@ -387,10 +386,11 @@ class Registry:
 
     def collect(self) -> Iterator[Metric]:
         """The families as objects (what ``prometheus_client.generate_latest`` reads)."""
-        return _as_metrics(self.rows())
+        for name, typ, doc, unit, samples in self.rows():
+            yield Metric(name, doc, typ, unit, [Sample(s, dict(labels), v) for s, labels, v in samples])
 
     def get_sample_value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
-        """The value of one sample (None when there is none), for tests and status pages."""
+        """The value of one sample (None when there is none); for tests."""
         want = labels or {}
         for _family, _typ, _doc, _unit, samples in self.rows():
             for s, got, v in samples:
