@@ -40,9 +40,9 @@ How the scheduler must read a state (unknown never looks idle):
 - ``error`` set: the scrape failed; the fields are ``None`` and only ``adapters`` and the
   histogram totals (so the next good scrape's deltas stay right) are carried over.
 
-Only the lines of the series above are parsed in full (:data:`_LINE`: the name, a label set with
-the format's escapes, a value Python's ``float`` reads, an optional integer timestamp; anything else
-makes the page malformed); every other line is checked for a sample's shape with one regex and
+Only the lines of the series above are parsed in full (:func:`read_sample`: the name, a label set
+with the format's escapes and no name twice, a value Python's ``float`` reads, an optional numeric
+timestamp; anything else makes the page malformed); every other line is checked for a sample's shape with one regex and
 dropped, so a page with thousands of buckets or unknown series costs one pass of string work, and
 at most :data:`MAX_SERIES` samples are parsed. (Not ``prometheus_client.parser``: importing it
 imports that package's web server and push client, 4 MB of the proxy's resident memory; the tests
@@ -83,14 +83,17 @@ _HISTS = frozenset(n for table in (_TTFT, _TPOT) for names in table.values() for
 _WANTED = _GAUGES | frozenset(h + s for h in _HISTS for s in ("_sum", "_count"))
 
 # a sample line starts with a metric name followed by labels, a blank or a tab
-_SAMPLE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?=[{ \t])")
-_PAIR = r'[ \t]*(?!__)[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\\n]|\\[^\n])*"[ \t]*'
-#: a whole sample line (stripped): name, label set (checked, not kept; a backslash escapes any
-#: character, as Prometheus reads them; no name twice), value, optional timestamp (a number)
-_LINE = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*\{{((?:{_PAIR}(?:,{_PAIR})*,?[ \t]*)?)\}}[ \t]*|[ \t]+)"
+_METRIC = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE = re.compile(rf"{_METRIC}(?=[{{ \t])")
+_LABEL_NAME = r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*"
+_LABEL_VALUE = r'"(?:[^"\\\n]|\\[^\n])*"'  # a backslash escapes any character, as Prometheus reads them
+_PAIR = rf"[ \t]*{_LABEL_NAME}[ \t]*=[ \t]*{_LABEL_VALUE}[ \t]*"
+#: a whole sample line (stripped): name, label set (checked, not kept; no name twice), value,
+#: optional timestamp (a number)
+_LINE = re.compile(rf"({_METRIC})(?:[ \t]*\{{((?:{_PAIR}(?:,{_PAIR})*,?[ \t]*)?)\}}[ \t]*|[ \t]+)"
                    r"([^ \t_]+)(?:[ \t]+([^ \t_]+))?\Z")
-#: the label names of a label set that ``_LINE`` matched (a name given twice makes the line malformed)
-_LABEL_NAMES = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"(?:[^"\\\n]|\\[^\n])*"')
+#: the label names of a label set that ``_LINE`` matched
+_LABEL_NAMES = re.compile(rf"({_LABEL_NAME})[ \t]*=[ \t]*{_LABEL_VALUE}")
 
 
 @dataclass(frozen=True, slots=True)
