@@ -373,7 +373,7 @@ async def test_date_header_cached_and_refreshed_by_tick() -> None:
     assert responses.date_header() != b"date: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
 
 
-def test_http_date_is_what_formatdate_writes_whatever_the_locale() -> None:
+def test_http_date_is_what_formatdate_writes_in_each_installed_locale() -> None:
     import locale
     import random
     from email.utils import formatdate
