@@ -66,6 +66,22 @@ def build_kube(settings: ProxySettings, *, all_namespaces: bool = False, api_cli
     return runtime, handler
 
 
+#: Net new container objects between two young-generation collections (CPython's default: 700).
+#: A proxied request leaves no cyclic garbage behind (measured: 1,005 objects collected in 1,075
+#: collections over 42,000 requests), but under load the young generation holds every in-flight
+#: request's objects, and at 700 it was walked every few requests: 3.7 % of the proxy's CPU at 64
+#: connections (perf). At 10,000 it runs a few times a minute under the same load, and the peak
+#: RSS is unchanged (docs/benchmarks.md). Workers inherit it (fork).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """The serving process's collector: young collections as rare as :data:`GC_YOUNG_THRESHOLD`
+    says, the older generations' ratios as CPython sets them."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 def _freeze_heap() -> None:
     """Move everything built at startup (modules, settings, inventory) out of the cyclic GC's reach,
     so that collections triggered by per-request garbage never walk it again."""
@@ -89,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if _compiled.stale():
         log.warning("compiled request path older than its source, using the source of %s; run `make ext`",
                     ", ".join(_compiled.stale()))
+    tune_gc()
     if getattr(args, "global_", None) is not None:
         from flexinfer.cmd.globalproxy import run_global
 
