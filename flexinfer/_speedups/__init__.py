@@ -36,6 +36,7 @@ __all__ = [
     "best_of",
     "chained_block_hashes",
     "event_end",
+    "head_lines_ok",
     "keep_below",
     "key_hash",
     "kv_free",
@@ -48,7 +49,7 @@ __all__ = [
     "usage_cuts",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("hashring", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("hashring", "headscan", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -75,6 +76,7 @@ def _pick(name: str) -> ModuleType:
 
 if TYPE_CHECKING:
     from .hashring_py import HashRing as HashRing
+    from .headscan_py import head_lines_ok as head_lines_ok
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
     from .schedkern_py import best_of as best_of
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
     HashRing = _pick("hashring").HashRing
+    head_lines_ok = _pick("headscan").head_lines_ok
     model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes
     _schedkern = _pick("schedkern")

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from flexinfer._speedups import head_lines_ok
 from flexinfer.errors import FlexInferError
 from flexinfer.http.flow import ClientGone, FlowControl
 from flexinfer.http.responses import (
@@ -158,7 +159,7 @@ class ResponseWriter:
         parts.append(b"\r\n")
         head = b"".join(parts)
         # one CRLF per line and no NUL: a CR, LF or NUL in a name or value cannot slip through
-        if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\x00" in head:
+        if not head_lines_ok(head, lines):
             raise ValueError("response header name or value contains CR, LF or NUL")
         return head
 

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flexinfer._speedups import head_lines_ok
 from flexinfer.http.flow import ClientGone, FlowControl
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def serialize_request(method: str, path: str, headers: list[tuple[bytes, bytes]]
     parts.append(b"\r\n")
     lines += 2
     head = b"".join(parts)
-    if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\x00" in head:
+    if not head_lines_ok(head, lines):
         raise ValueError("header value contains CR, LF or NUL")
     return head
 

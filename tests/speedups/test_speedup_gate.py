@@ -101,12 +101,27 @@ def prefix_hashes(mod: ModuleType) -> Callable[[], object]:
     return run
 
 
+HEADS = [b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 11:00:00 GMT\r\ncontent-type: application/json\r\n"
+         b"x-request-id: %016x\r\ncontent-length: %d\r\n\r\n" % (i * 7919, i) for i in range(500)]
+
+
+def head_check(mod: ModuleType) -> Callable[[], object]:
+    fn = mod.head_lines_ok
+
+    def run() -> None:
+        for head in HEADS:
+            fn(head, 6)
+
+    return run
+
+
 CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] = {
     "hashring.get": ("hashring", ring_get, 20),
     "hashring.get_bounded": ("hashring", ring_bounded, 10),
     "TokenBucket.take": ("tokenbucket", bucket_take, 20),
     "BucketRegistry.take": ("tokenbucket", registry_take, 20),
     "chained_block_hashes(220 KB)": ("prefixhash", prefix_hashes, 20),
+    "head_lines_ok(200 B head)": ("headscan", head_check, 20),
 }
 
 
