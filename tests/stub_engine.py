@@ -257,7 +257,7 @@ class _Conn(asyncio.Protocol):
                 await asyncio.sleep(3600)
             payload = b"data: " + ev + b"\n\n"
             self._write(b"%x\r\n%s\r\n" % (len(payload), payload))
-            if interval:
+            if interval and i < len(events) - 1:  # between events: the body ends with the last one
                 await asyncio.sleep(interval)
             if self.closed:
                 return
