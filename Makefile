@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: run test gate bench lint ext clean venv wrk redis-server llama image image-tools image-bases test-image reliability
+.PHONY: run test gate bench bench-instr lint ext clean venv wrk valgrind redis-server llama image image-tools image-bases test-image reliability
 .PHONY: docker-registry
 
 $(PY):
@@ -36,6 +36,11 @@ llama: $(VENV)/.llama
 
 wrk:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+
+# callgrind, for bench/instr.py (instructions per proxied request; not part of `make test`).
+valgrind:
+	@command -v valgrind >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; }
 
 # The real Redis the sharing tests start (tests/redis_server.py: one subprocess per test, no persistence).
 redis-server:
@@ -77,6 +82,12 @@ reliability: ext llama redis-server wrk
 # The benchmark gate alone (knobs: GATE_ROUNDS, GATE_SECONDS, GATE_WARMUP, GATE_MICRO=0, GATE_BASELINE).
 gate: ext wrk
 	$(PY) bench/gate.py
+
+# Instructions per proxied request (plain, burst stream, paced stream), counted by callgrind: the
+# deterministic figure behind docs/benchmarks.md's CPU section. About a minute. INSTR_ARGS: bench/instr.py's.
+INSTR_ARGS ?=
+bench-instr: ext valgrind
+	$(PY) bench/instr.py $(INSTR_ARGS)
 
 bench: ext wrk redis-server
 	$(PY) -m pytest bench/bench_speedups.py -q -p no:cacheprovider --benchmark-only

@@ -5,9 +5,12 @@ the costly part of a request: a JSON chat completion (Content-Length) for a plai
 chunked SSE stream of 35 events (role, 32 tokens, finish, ``[DONE]``) when the body asks for
 ``"stream":true``, written in ONE write: measured on the 2-core CI machine, one write per event made
 the backend itself the bottleneck (940 streams/s against 16,500 in one write, wrk alone on the other
-core), so the gate would have measured the backend. Keep-alive as the client asks; any other path gets the same answers.
-Must not: import flexinfer (it measures both the baseline and HEAD), parse JSON, or sleep.
-Run: ``python bench/gate_backend.py --port N``.
+core), so the gate would have measured the backend. Keep-alive as the client asks; any other path gets the same answers. ``--event-gap-ms G`` (not used by
+the gate; bench/instr.py's paced mode) writes a stream one event per write instead, G ms apart, the
+shape of an engine producing tokens, so that each event reaches the proxy in a read of its own.
+Must not: import flexinfer (it measures both the baseline and HEAD), parse JSON, or sleep (the event
+gap is a loop timer, asked for explicitly).
+Run: ``python bench/gate_backend.py --port N [--event-gap-ms G]``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ STREAM = STREAM_HEAD + b"".join(STREAM_CHUNKS) + STREAM_END
 
 
 class _Conn(asyncio.Protocol):
+    #: seconds between the events of a stream; 0: the whole stream in one write
+    gap = 0.0
+
     def __init__(self) -> None:
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -66,6 +72,10 @@ class _Conn(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             return
+        if self.stream and self.gap > 0:
+            t.write(STREAM_HEAD)
+            self._paced(t, 0)
+            return  # (the stream ends the exchange; the next request waits for it, as clients do)
         if self.stream:
             t.write(STREAM)
         else:
@@ -74,11 +84,26 @@ class _Conn(asyncio.Protocol):
             t.close()
 
 
+    def _paced(self, t: asyncio.Transport, i: int) -> None:
+        if t.is_closing():
+            return
+        if i == EVENTS:
+            t.write(STREAM_END)
+            if not self.parser.should_keep_alive():
+                t.close()
+            return
+        t.write(STREAM_CHUNKS[i])
+        asyncio.get_running_loop().call_later(self.gap, self._paced, t, i + 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="the benchmark gate's backend")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--event-gap-ms", type=float, default=0.0,
+                    help="write a stream one event per write, this far apart (0: one write)")
     args = ap.parse_args()
+    _Conn.gap = max(0.0, args.event_gap_ms) / 1000.0
     import uvloop
 
     async def serve() -> None:
