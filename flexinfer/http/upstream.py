@@ -255,20 +255,30 @@ class UpstreamResponse:
         if not batch or sink is None:
             return
         end = self._eof
-        if self.tap is not None:
-            batch = self._feed(batch, end)
+        tap = self.tap
+        if tap is not None:  # what _feed does, inline: this runs once per upstream read of every stream
+            try:
+                out = tap(batch, end)
+            except Exception:
+                self.tap = None
+            else:
+                if out is not None:
+                    batch = out
         try:
             if not end and len(batch) == 1:
-                sink.write(batch[0])  # the common case of a paced stream: one event per read
-            elif batch or end:
-                sink.writelines(batch, end=end)
+                piece = batch[0]
+                sink.write(piece)  # the common case of a paced stream: one event per read
+                self._relayed += len(piece)
+            else:
+                if batch or end:
+                    sink.writelines(batch, end=end)
+                for piece in batch:
+                    self._relayed += len(piece)
         except Exception as exc:  # e.g. more bytes than the Content-Length the caller declared
             self._sink_error = exc
             self.close()
             self._wake()
             return
-        for piece in batch:
-            self._relayed += len(piece)
         if not end and sink.flow.write_paused:
             conn = self._conn
             if conn is not None:
