@@ -36,6 +36,7 @@ __all__ = [
     "best_of",
     "chained_block_hashes",
     "event_end",
+    "frame_chunk",
     "head_lines_ok",
     "keep_below",
     "key_hash",
@@ -49,7 +50,7 @@ __all__ = [
     "usage_cuts",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("hashring", "headscan", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("chunkframe", "hashring", "headscan", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -75,6 +76,7 @@ def _pick(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
+    from .chunkframe_py import frame_chunk as frame_chunk
     from .hashring_py import HashRing as HashRing
     from .headscan_py import head_lines_ok as head_lines_ok
     from .keyscan_py import model_key_scan as model_key_scan
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
+    frame_chunk = _pick("chunkframe").frame_chunk
     HashRing = _pick("hashring").HashRing
     head_lines_ok = _pick("headscan").head_lines_ok
     model_key_scan = _pick("keyscan").model_key_scan

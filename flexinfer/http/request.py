@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from flexinfer._speedups import head_lines_ok
+from flexinfer._speedups import frame_chunk, head_lines_ok
 from flexinfer.errors import FlexInferError
 from flexinfer.http.flow import ClientGone, FlowControl
 from flexinfer.http.responses import (
@@ -259,11 +259,11 @@ class ResponseWriter:
             if head is not None:
                 self._pending_head = None
                 if n < 16 * KiB:
-                    self._transport.write(b"%b%x\r\n%b\r\n" % (head, n, data))
+                    self._transport.write(frame_chunk(head, data))
                 else:
                     self._transport.writelines((head, b"%x\r\n" % n, data, b"\r\n"))
             elif n < 16 * KiB:
-                self._transport.write(b"%x\r\n%b\r\n" % (n, data))
+                self._transport.write(frame_chunk(b"", data))  # once per relayed read of a stream
             else:
                 self._transport.writelines((b"%x\r\n" % n, data, b"\r\n"))
             return

@@ -115,6 +115,20 @@ def head_check(mod: ModuleType) -> Callable[[], object]:
     return run
 
 
+EVENTS = [b'data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+          b'{"content":"tok%d"},"finish_reason":null}]}\n\n' % (i, i) for i in range(500)]
+
+
+def chunk_framing(mod: ModuleType) -> Callable[[], object]:
+    fn = mod.frame_chunk
+
+    def run() -> None:
+        for event in EVENTS:
+            fn(b"", event)
+
+    return run
+
+
 CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] = {
     "hashring.get": ("hashring", ring_get, 20),
     "hashring.get_bounded": ("hashring", ring_bounded, 10),
@@ -122,6 +136,7 @@ CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] 
     "BucketRegistry.take": ("tokenbucket", registry_take, 20),
     "chained_block_hashes(220 KB)": ("prefixhash", prefix_hashes, 20),
     "head_lines_ok(200 B head)": ("headscan", head_check, 20),
+    "frame_chunk(130 B event)": ("chunkframe", chunk_framing, 20),
 }
 
 
