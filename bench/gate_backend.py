@@ -5,9 +5,10 @@ the costly part of a request: a JSON chat completion (Content-Length) for a plai
 chunked SSE stream of 35 events (role, 32 tokens, finish, ``[DONE]``) when the body asks for
 ``"stream":true``, written in ONE write: measured on the 2-core CI machine, one write per event made
 the backend itself the bottleneck (940 streams/s against 16,500 in one write, wrk alone on the other
-core), so the gate would have measured the backend. Keep-alive as the client asks; any other path gets the same answers. ``--event-gap-ms G`` (not used by
-the gate; bench/instr.py's paced mode) writes a stream one event per write instead, G ms apart, the
-shape of an engine producing tokens, so that each event reaches the proxy in a read of its own.
+core), so the gate would have measured the backend. Keep-alive as the client asks; any other path
+gets the same answers. ``--event-gap-ms G`` (not used by the gate; bench/instr.py's paced mode)
+writes a stream one event per write instead, G ms apart, the shape of an engine producing tokens, so
+that each event reaches the proxy in a read of its own.
 Must not: import flexinfer (it measures both the baseline and HEAD), parse JSON, or sleep (the event
 gap is a loop timer, asked for explicitly).
 Run: ``python bench/gate_backend.py --port N [--event-gap-ms G]``.
@@ -82,7 +83,6 @@ class _Conn(asyncio.Protocol):
             t.write(NONSTREAM)
         if not self.parser.should_keep_alive():
             t.close()
-
 
     def _paced(self, t: asyncio.Transport, i: int) -> None:
         if t.is_closing():

@@ -31,37 +31,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from bench.gate import free_port, wait_port  # noqa: E402
+from bench.gate_backend import EVENTS  # noqa: E402
+
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "x" * 1000}], "max_tokens": 64}
-EVENTS = 35  # bench/gate_backend.py's stream: role, 32 tokens, finish, [DONE]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(port: int, path: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", path)
-            if conn.getresponse().status < 500:
-                conn.close()
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"instr: nothing answered on port {port} within {timeout:.0f}s")
 
 
 def drive(port: int, body: bytes, n: int, stream: bool) -> None:
@@ -103,8 +83,8 @@ def measure(mode: str, requests: int, warmup: int, gap_ms: float, pythonpath: st
     log = (work / f"proxy.{mode}.log").open("wb")
     proxy = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        wait_http(backend_port, "/", 20)
-        wait_http(proxy_port, "/v1/models", 180)
+        wait_port(backend_port, backend)
+        wait_port(proxy_port, proxy, 180)  # (python under valgrind starts in 10-30 s)
         body = json.dumps({**BODY, "stream": mode != "json"}).encode()
         drive(proxy_port, body, warmup, mode != "json")
         subprocess.run(["callgrind_control", "-i", "on", str(proxy.pid)], check=True, stdout=subprocess.DEVNULL)

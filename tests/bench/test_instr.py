@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.gate import free_port, wait_port
 from bench.gate_backend import EVENTS, STREAM
-from bench.instr import free_port, total_instructions
+from bench.instr import total_instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = b'{"model":"m","stream":true}'
@@ -24,15 +25,12 @@ def _backend(*args: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gate_backend.py"), "--port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("gate_backend did not listen")
+    try:
+        wait_port(port, proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, port
 
 
 def _stream(port: int, requests: int = 1) -> list[list[bytes]]:
