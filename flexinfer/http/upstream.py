@@ -256,7 +256,7 @@ class UpstreamResponse:
             return
         end = self._eof
         tap = self.tap
-        if tap is not None:  # what _feed does, inline: this runs once per upstream read of every stream
+        if tap is not None:  # _feed, inline: once per read; the call cost ~200-600 instructions
             try:
                 out = tap(batch, end)
             except Exception:
@@ -449,7 +449,8 @@ class UpstreamResponse:
 
     def _feed(self, pieces: list[bytes], end: bool) -> list[bytes]:
         """Hand the pieces about to be relayed to the tap: the pieces to write (the tap's answer
-        when it gives one). A tap that fails is dropped (the relay goes on with the pieces as they are)."""
+        when it gives one). A tap that fails is dropped (the relay goes on with the pieces as they are).
+        :meth:`on_read_end` does the same inline (it runs once per upstream read)."""
         tap = self.tap
         try:
             out = tap(pieces, end)  # type: ignore[misc]
