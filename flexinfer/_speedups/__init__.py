@@ -37,6 +37,7 @@ __all__ = [
     "chained_block_hashes",
     "event_end",
     "frame_chunk",
+    "head_block",
     "head_lines_ok",
     "keep_below",
     "key_hash",
@@ -78,6 +79,7 @@ def _pick(name: str) -> ModuleType:
 if TYPE_CHECKING:
     from .chunkframe_py import frame_chunk as frame_chunk
     from .hashring_py import HashRing as HashRing
+    from .headscan_py import head_block as head_block
     from .headscan_py import head_lines_ok as head_lines_ok
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
@@ -101,7 +103,10 @@ if TYPE_CHECKING:
 else:
     frame_chunk = _pick("chunkframe").frame_chunk
     HashRing = _pick("hashring").HashRing
-    head_lines_ok = _pick("headscan").head_lines_ok
+    _headscan = _pick("headscan")
+    head_block = _headscan.head_block
+    head_lines_ok = _headscan.head_lines_ok
+    del _headscan
     model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes
     _schedkern = _pick("schedkern")

@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The framing check of an HTTP head we wrote, compiled: the twin of headscan_py.
+"""The framing check of an HTTP head we write, and the builder of its header lines, compiled: the
+twin of headscan_py.
 
 Same results as :mod:`headscan_py`. Three ``memchr`` walks (NUL, LF, CR) that stop as soon as the
 count is past ``lines``, instead of two ``bytes.count`` calls (each a method call that parses its
@@ -39,3 +40,168 @@ def head_lines_ok(bytes head not None, Py_ssize_t lines):
     if memchr(buf, 0, n) != NULL:
         return False
     return _count(buf, n, 10, lines) == lines and _count(buf, n, 13, lines) == lines
+
+
+from cpython.ref cimport PyObject
+from libc.string cimport memcpy
+
+cdef extern from "Python.h":
+    bint PyBytes_CheckExact(object)
+    bint PyTuple_CheckExact(object)
+    bint PyList_CheckExact(object)
+    object PyBytes_FromStringAndSize(const char*, Py_ssize_t)
+    PyObject* PyDict_GetItem(object, PyObject*)
+    Py_ssize_t PyTuple_GET_SIZE(object)
+    PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)
+    Py_ssize_t PySequence_Fast_GET_SIZE(object)
+    PyObject** PySequence_Fast_ITEMS(object)
+    bint Py_IS_TYPE "Py_IS_TYPE" (PyObject*, void*)
+    PyObject* Py_True "Py_True"
+    void* PyBytes_Type_ptr "(&PyBytes_Type)"
+    void* PyTuple_Type_ptr "(&PyTuple_Type)"
+
+#: more headers than this go to the caller's own builder (the keep marks below are this wide)
+MAX_BLOCK_HEADERS = 64
+DEF _MAX = 64
+
+# 1 for the bytes a lower-case header name may hold: RFC 9110's tchar less A-Z
+cdef unsigned char _LTOK[256]
+
+
+cdef void _init_table():
+    cdef int c
+    for c in range(256):
+        _LTOK[c] = 0
+    for c in b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz":
+        _LTOK[c] = 1
+
+
+_init_table()
+
+
+cdef inline bint _lower_token(PyObject* name):
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(<object>name)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(<object>name)
+    cdef Py_ssize_t i
+    if n == 0:
+        return False
+    for i in range(n):
+        if not _LTOK[p[i]]:
+            return False
+    return True
+
+
+cdef inline bint _no_ctl(PyObject* value):
+    """No CR, LF or NUL in ``value``."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(<object>value)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(<object>value)
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(n):
+        c = p[i]
+        if c <= 13 and (c == 13 or c == 10 or c == 0):
+            return False
+    return True
+
+
+cdef Py_ssize_t _edges(tuple pieces, Py_ssize_t* crs, Py_ssize_t* lfs):
+    """The bytes ``pieces`` hold in all, counting their CR and LF; -1 for a non-bytes piece or a NUL."""
+    cdef Py_ssize_t total = 0, i, j, n
+    cdef PyObject* piece
+    cdef const unsigned char* p
+    cdef unsigned char c
+    for i in range(PyTuple_GET_SIZE(pieces)):
+        piece = PyTuple_GET_ITEM(pieces, i)
+        if not Py_IS_TYPE(piece, PyBytes_Type_ptr):
+            return -1
+        p = <const unsigned char*>PyBytes_AS_STRING(<object>piece)
+        n = PyBytes_GET_SIZE(<object>piece)
+        for j in range(n):
+            c = p[j]
+            if c <= 13:
+                if c == 13:
+                    crs[0] += 1
+                elif c == 10:
+                    lfs[0] += 1
+                elif c == 0:
+                    return -1
+        total += n
+    return total
+
+
+cdef char* _put(char* out, tuple pieces):
+    cdef Py_ssize_t i, n
+    cdef PyObject* piece
+    for i in range(PyTuple_GET_SIZE(pieces)):
+        piece = PyTuple_GET_ITEM(pieces, i)
+        n = PyBytes_GET_SIZE(<object>piece)
+        memcpy(out, PyBytes_AS_STRING(<object>piece), n)
+        out += n
+    return out
+
+
+def head_block(tuple lead not None, headers, dict rules not None, tuple tail not None, Py_ssize_t lines):
+    """The head ``lead`` + one ``name: value`` CRLF line per header, in order + ``tail``, or None
+    where the caller's own builder must decide (the rules are the twin's, headscan_py.head_block)."""
+    if not PyList_CheckExact(headers) and not PyTuple_CheckExact(headers):
+        return None
+    cdef Py_ssize_t nh = PySequence_Fast_GET_SIZE(headers)
+    if nh > _MAX:
+        return None
+    cdef PyObject** items = PySequence_Fast_ITEMS(headers)
+    cdef unsigned char keep[_MAX]
+    cdef Py_ssize_t i, total = 0, crs = 0, lfs = 0, edge
+    cdef PyObject* item
+    cdef PyObject* name
+    cdef PyObject* value
+    cdef PyObject* rule
+    for i in range(nh):
+        item = items[i]
+        if not Py_IS_TYPE(item, PyTuple_Type_ptr) or PyTuple_GET_SIZE(<object>item) != 2:
+            return None
+        name = PyTuple_GET_ITEM(<object>item, 0)
+        value = PyTuple_GET_ITEM(<object>item, 1)
+        if not Py_IS_TYPE(name, PyBytes_Type_ptr) or not Py_IS_TYPE(value, PyBytes_Type_ptr):
+            return None
+        if not _lower_token(name):
+            return None
+        rule = PyDict_GetItem(rules, name)
+        if rule != NULL:
+            if rule == Py_True:
+                keep[i] = 0
+                continue
+            return None
+        if not _no_ctl(value):
+            return None
+        keep[i] = 1
+        total += PyBytes_GET_SIZE(<object>name) + PyBytes_GET_SIZE(<object>value) + 4
+    edge = _edges(lead, &crs, &lfs)
+    if edge < 0:
+        return None
+    i = _edges(tail, &crs, &lfs)
+    if i < 0 or crs != lines or lfs != lines:
+        return None
+    total += edge + i
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef char* p = _put(PyBytes_AS_STRING(out), lead)
+    cdef Py_ssize_t n
+    for i in range(nh):
+        if not keep[i]:
+            continue
+        item = items[i]
+        name = PyTuple_GET_ITEM(<object>item, 0)
+        value = PyTuple_GET_ITEM(<object>item, 1)
+        n = PyBytes_GET_SIZE(<object>name)
+        memcpy(p, PyBytes_AS_STRING(<object>name), n)
+        p += n
+        p[0] = 58  # ':'
+        p[1] = 32
+        p += 2
+        n = PyBytes_GET_SIZE(<object>value)
+        memcpy(p, PyBytes_AS_STRING(<object>value), n)
+        p += n
+        p[0] = 13
+        p[1] = 10
+        p += 2
+    _put(p, tail)
+    return out

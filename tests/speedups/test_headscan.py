@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -60,3 +61,136 @@ def test_twins_agree(pieces: list[bytes], lines: int) -> None:
 def test_rejects_non_bytes(headscan: ModuleType) -> None:
     with pytest.raises(TypeError):
         headscan.head_lines_ok("\r\n", 1)
+
+
+# ---- head_block: the head built from the caller's lines and a header list, or None -----------------
+
+RULES = {b"content-length": True, b"transfer-encoding": True, b"connection": False}
+LEAD = (b"POST", b" ", b"/v1/chat/completions", b" HTTP/1.1\r\n")
+TAIL = (b"host: up:8000\r\n", b"content-length: 2\r\n\r\n")
+
+
+def _expected(lead: tuple[bytes, ...], headers: Any, rules: dict[bytes, bool], tail: tuple[bytes, ...],
+              lines: int) -> bytes | None:
+    """head_block's contract written out once more, naively (the oracle both twins answer to)."""
+    if type(headers) not in (list, tuple) or len(headers) > 64:
+        return None
+    out = b""
+    for item in headers:
+        if type(item) is not tuple or len(item) != 2:
+            return None
+        name, value = item
+        if type(name) is not bytes or type(value) is not bytes or not name:
+            return None
+        if any(c not in b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz" for c in name):
+            return None
+        if name in rules:
+            if rules[name] is True:
+                continue
+            return None
+        if any(c in b"\r\n\x00" for c in value):
+            return None
+        out += name + b": " + value + b"\r\n"
+    if any(type(piece) is not bytes for piece in (*lead, *tail)):
+        return None
+    edges = b"".join(lead) + b"".join(tail)
+    if edges.count(b"\r") != lines or edges.count(b"\n") != lines or b"\x00" in edges:
+        return None
+    return b"".join(lead) + out + b"".join(tail)
+
+
+@pytest.mark.parametrize(("headers", "built"), [
+    ([], True),
+    ((), True),
+    ([(b"content-type", b"application/json"), (b"x-request-id", b"abc")], True),
+    ([(b"content-length", b"9"), (b"transfer-encoding", b"chunked")], True),  # left out
+    ([(b"content-length", b"a\r\nx-evil: 1")], True),  # left out: its value is not looked at
+    ([(b"x", b"")], True),  # an empty value
+    ([(b"Content-Type", b"x")], False),  # upper case: the caller's builder
+    ([(b"", b"x")], False),  # an empty name
+    ([(b"bad name", b"x")], False),
+    ([(b"bad:name", b"x")], False),
+    ([(b"caf\xe9", b"x")], False),
+    ([(b"x", b"a\r\nx-evil: 1")], False),  # response splitting
+    ([(b"x", b"a\nb")], False),
+    ([(b"x", b"a\rb")], False),
+    ([(b"x", b"a\x00b")], False),
+    ([(b"x\r\ny", b"1")], False),
+    ([(b"connection", b"x-hop")], False),  # the rules say: the caller's builder
+    ([[b"x", b"1"]], False),  # a list, not a tuple
+    ([(b"x", b"1", b"2")], False),
+    ([(b"x", "1")], False),
+    ([(b"x", bytearray(b"1"))], False),
+    ([(b"x", b"1")] * 64, True),
+    ([(b"x", b"1")] * 65, False),
+])
+def test_head_block_cases(headscan: ModuleType, headers: list[tuple[bytes, bytes]], built: bool) -> None:
+    head = headscan.head_block(LEAD, headers, RULES, TAIL, 4)
+    assert head == _expected(LEAD, headers, RULES, TAIL, 4)
+    assert (head is not None) is built
+    if head is not None:
+        assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        assert head.endswith(b"host: up:8000\r\ncontent-length: 2\r\n\r\n")
+        assert head_lines_count(head) == 4 + sum(1 for n, _ in headers if n not in RULES)
+
+
+def head_lines_count(head: bytes) -> int:
+    assert head.count(b"\r") == head.count(b"\n")
+    return head.count(b"\n")
+
+
+@pytest.mark.parametrize(("lead", "tail", "lines", "built"), [
+    (LEAD, TAIL, 4, True),
+    (LEAD, TAIL, 3, False),  # the caller's own lines are counted too
+    (LEAD, TAIL, 5, False),
+    (LEAD, (b"host: up\r\nx-evil: 1\r\n", b"\r\n"), 3, False),  # a CRLF smuggled in a caller's line
+    (LEAD, (b"host: up\x00\r\n", b"\r\n"), 3, False),
+    ((b"GET /", b" HTTP/1.1\r\n"), (b"\r\n",), 2, True),
+    ((b"GET /", " HTTP/1.1\r\n"), (b"\r\n",), 2, False),  # not bytes
+    ((), (), 0, True),
+])
+def test_head_block_checks_the_callers_lines(headscan: ModuleType, lead: tuple[bytes, ...],
+                                              tail: tuple[bytes, ...], lines: int, built: bool) -> None:
+    headers = [(b"x-a", b"1")]
+    head = headscan.head_block(lead, headers, RULES, tail, lines)
+    assert (head is not None) is built
+    assert head == _expected(lead, headers, RULES, tail, lines)
+
+
+def test_head_block_takes_lists_and_tuples_only(headscan: ModuleType) -> None:
+    assert headscan.head_block(LEAD, [(b"x", b"1")], RULES, TAIL, 4) is not None
+    assert headscan.head_block(LEAD, iter([(b"x", b"1")]), RULES, TAIL, 4) is None
+    assert headscan.head_block(LEAD, {(b"x", b"1")}, RULES, TAIL, 4) is None
+
+
+_NAMES = st.sampled_from([b"x-a", b"content-type", b"content-length", b"connection", b"transfer-encoding",
+                          b"X-Up", b"", b"a b", b"a\r\nb", b"~!#$%&'*+-.^_`|", b"\xff", b"a:b"])
+_VALUES = st.sampled_from([b"", b"v", b"application/json", b"a\r\nx-evil: 1", b"a\nb", b"\r", b"\x00",
+                           b"\xff\xfe", b" spaced ", b"a" * 300])
+
+
+@given(st.lists(st.tuples(_NAMES, _VALUES), max_size=70))
+@settings(max_examples=1000, deadline=None)
+def test_head_block_twins_agree_with_the_contract(headers: list[tuple[bytes, bytes]]) -> None:
+    """Both twins answer what the contract says; a head they build parses back, header for header."""
+    import httptools
+
+    expected = _expected(LEAD, headers, RULES, TAIL, 4)
+    assert load("headscan", "py").head_block(LEAD, headers, RULES, TAIL, 4) == expected
+    try:
+        c = load("headscan", "c")
+    except pytest.skip.Exception:
+        c = None
+    if c is not None:
+        assert c.head_block(LEAD, headers, RULES, TAIL, 4) == expected
+    if expected is None:
+        return
+    seen: list[tuple[bytes, bytes]] = []
+
+    class _P:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            seen.append((name, value))
+
+    httptools.HttpRequestParser(_P()).feed_data(expected + b"{}")
+    kept = [(n, v.strip(b" \t")) for n, v in headers if n not in RULES]  # (the parser trims the OWS)
+    assert [(n, v.strip(b" \t")) for n, v in seen] == [*kept, (b"host", b"up:8000"), (b"content-length", b"2")]

@@ -115,6 +115,24 @@ def head_check(mod: ModuleType) -> Callable[[], object]:
     return run
 
 
+RESPONSE_HEADERS = [[(b"content-type", b"application/json"), (b"content-length", b"%d" % i),
+                     (b"x-request-id", b"%016x" % (i * 7919)), (b"x-flexinfer-route", b"least_request;load;up:8000")]
+                    for i in range(500)]
+FRAMING_RULES = dict.fromkeys((b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date"), True)
+
+
+def head_building(mod: ModuleType) -> Callable[[], object]:
+    fn = mod.head_block
+    lead = (b"HTTP/1.1 200 OK\r\n", b"date: Wed, 02 Dec 2026 11:00:00 GMT\r\n")
+    tail = (b"content-length: 2\r\n", b"", b"\r\n")
+
+    def run() -> None:
+        for headers in RESPONSE_HEADERS:
+            fn(lead, headers, FRAMING_RULES, tail, 4)
+
+    return run
+
+
 EVENTS = [b'data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
           b'{"content":"tok%d"},"finish_reason":null}]}\n\n' % (i, i) for i in range(500)]
 
@@ -137,6 +155,7 @@ CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] 
     "chained_block_hashes(220 KB)": ("prefixhash", prefix_hashes, 20),
     "head_lines_ok(200 B head)": ("headscan", head_check, 20),
     "frame_chunk(130 B event)": ("chunkframe", chunk_framing, 20),
+    "head_block(4 headers)": ("headscan", head_building, 20),
 }
 
 
