@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from flexinfer._speedups import frame_chunk, head_lines_ok
+from flexinfer._speedups import frame_chunk, head_block, head_lines_ok
 from flexinfer.errors import FlexInferError
 from flexinfer.http.flow import ClientGone, FlowControl
 from flexinfer.http.responses import (
@@ -46,6 +46,7 @@ log = logging.getLogger("flexinfer.http")
 KiB = 1024
 # headers the core adds to responses itself; dropped from the handler's list
 _FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date"})
+_FRAMING_RULES = dict.fromkeys(_FRAMING, True)  # head_block: left out of a response head
 
 
 class Connection(Protocol):
@@ -139,24 +140,22 @@ class ResponseWriter:
                     framing: bytes) -> bytes:
         ka = self.keep_alive and not self._proto.draining
         self.keep_alive = ka
-        parts = [status_line(status), DATE[0]]
-        lines = 3
+        conn = CONNECTION_CLOSE if not ka else CONNECTION_KEEP_ALIVE if self._v10 else b""
+        lead = (status_line(status), DATE[0])
+        tail = (framing, conn, b"\r\n")
+        lines = 3 + (framing != b"") + (conn != b"")
+        # one pass in C for the common case (lower-case names, clean values); None: the loop below
+        head = head_block(lead, headers, _FRAMING_RULES, tail, lines)
+        if head is not None:
+            return head
+        parts = list(lead)
         for name, value in headers:
             # (a lower-case name, the common case, needs no lower() copy)
             if name in _FRAMING or (not name.islower() and name.lower() in _FRAMING):
                 continue
             parts += (name, b": ", value, b"\r\n")
             lines += 1
-        if framing:
-            parts.append(framing)
-            lines += 1
-        if not ka:
-            parts.append(CONNECTION_CLOSE)
-            lines += 1
-        elif self._v10:
-            parts.append(CONNECTION_KEEP_ALIVE)
-            lines += 1
-        parts.append(b"\r\n")
+        parts += tail
         head = b"".join(parts)
         # one CRLF per line and no NUL: a CR, LF or NUL in a name or value cannot slip through
         if not head_lines_ok(head, lines):

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flexinfer._speedups import head_lines_ok
+from flexinfer._speedups import head_block, head_lines_ok
 from flexinfer.http.flow import ClientGone, FlowControl
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te"
                         b"transfer-encoding", b"upgrade"})
 # set by the client itself (Host, Content-Length) or meaningless once the body is buffered (Expect)
 _CLIENT_SET = frozenset({b"host", b"content-length", b"expect"})
+#: head_block's rules for a request head: left out (True), or the loop's to decide (Connection
+#: names more headers to leave out)
+_RULES = {**dict.fromkeys(HOP_BY_HOP | _CLIENT_SET, True), b"connection": False}
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-zA-Z]+")
 _TARGET = re.compile(rb"[!-~]+")
@@ -106,7 +109,19 @@ def serialize_request(method: str, path: str, headers: list[tuple[bytes, bytes]]
     target, name or value that would break the framing."""
     mb = _checked(method, _valid_methods, _TOKEN)
     pb = _checked(path, _valid_targets, _TARGET)
-    parts = [mb, b" ", pb, b" HTTP/1.1\r\n"]
+    lead = (mb, b" ", pb, b" HTTP/1.1\r\n")
+    if body or method not in _NO_BODY_METHODS:
+        tail: tuple[bytes, ...] = (host_line, b"content-length: %d\r\n\r\n" % len(body))
+        lines = 4
+    else:
+        tail = (host_line, b"\r\n")
+        lines = 3
+    # one pass in C for the common case (lower-case token names, clean values, no Connection);
+    # None: the loop below decides (and raises what it finds)
+    head = head_block(lead, headers, _RULES, tail, lines)
+    if head is not None:
+        return head
+    parts = list(lead)
     names = _names
     odd: list[tuple[bytes, bytes, bytes]] | None = None  # Connection headers and invalid names: rare
     for name, value in headers:
@@ -122,13 +137,8 @@ def serialize_request(method: str, path: str, headers: list[tuple[bytes, bytes]]
         parts += (lname, b": ", value, b"\r\n")
     if odd is not None:
         parts = _apply_connection(parts, odd)
-    lines = len(parts) // 4
-    parts.append(host_line)
-    if body or method not in _NO_BODY_METHODS:
-        parts.append(b"content-length: %d\r\n" % len(body))
-        lines += 1
-    parts.append(b"\r\n")
-    lines += 2
+    lines += len(parts) // 4 - 1
+    parts += tail
     head = b"".join(parts)
     if not head_lines_ok(head, lines):
         raise ValueError("header value contains CR, LF or NUL")
