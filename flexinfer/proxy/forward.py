@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -50,11 +50,60 @@ _SSE = b"text/event-stream"
 log = logging.getLogger("flexinfer.proxy")
 
 
+#: upstream_headers' verdict per header name (names come interned from the HTTP core's name cache):
+#: 0 forwarded, 1 left out, 2 Authorization (left out when the proxy checked it), 3 Connection
+#: (the names it lists are left out too: the full path). Bounded like the HTTP core's caches.
+_up_kinds: dict[bytes, int] = {}
+_UP_KINDS_MAX = 4096
+#: a client address ("host:port") -> the X-Forwarded-For value; bounded, cleared when full
+_peer_hosts: dict[str, bytes] = {}
+
+
+def _up_kind(name: bytes) -> int:
+    if name == b"connection":
+        kind = 3
+    elif name in _DROP_UP or name.startswith(b"x-flexinfer-"):
+        kind = 1
+    elif name == b"authorization":
+        kind = 2
+    else:
+        kind = 0
+    if len(_up_kinds) < _UP_KINDS_MAX:
+        _up_kinds[name] = kind
+    return kind
+
+
+def _forwarded_for(peer: str) -> bytes:
+    host = _peer_hosts.get(peer)
+    if host is None:
+        host = peer.rsplit(":", 1)[0].encode()
+        if len(_peer_hosts) >= _UP_KINDS_MAX:
+            _peer_hosts.clear()
+        _peer_hosts[peer] = host
+    return host
+
+
 def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
-    conn = req.get(b"connection")
-    extra_drop: frozenset[bytes] | set[bytes] = frozenset()
-    if conn is not None:  # headers named in Connection are hop-by-hop too (rare: built only then)
-        extra_drop = {t.strip().lower() for k, v in req.headers if k == b"connection" for t in v.split(b",")}
+    out = []
+    kinds = _up_kinds
+    for item in req.headers:
+        kind = kinds.get(item[0])
+        if kind is None:
+            kind = _up_kind(item[0])
+        if kind:
+            if kind == 3:
+                return _upstream_headers_named(req, request_id, drop_auth)
+            if kind == 1 or drop_auth:
+                continue
+        out.append(item)
+    out += ((b"x-request-id", request_id), (b"x-forwarded-for", _forwarded_for(req.peer)),
+            (b"x-forwarded-proto", b"http"))
+    return out
+
+
+def _upstream_headers_named(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
+    """upstream_headers for a request with a Connection header: the names it lists are left out."""
+    extra_drop = {t.strip().lower() for k, v in req.headers if k == b"connection" for t in v.split(b",")}
     out = []
     for k, v in req.headers:
         if k in _DROP_UP or k in extra_drop or k.startswith(b"x-flexinfer-"):
@@ -63,7 +112,7 @@ def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[t
             continue
         out.append((k, v))
     out.append((b"x-request-id", request_id))
-    out.append((b"x-forwarded-for", req.peer.rsplit(":", 1)[0].encode()))
+    out.append((b"x-forwarded-for", _forwarded_for(req.peer)))
     out.append((b"x-forwarded-proto", b"http"))
     return out
 
@@ -248,7 +297,7 @@ class Forwarder:
             if ctx.explain is not None:
                 extra.append((b"x-flexinfer-explain", ctx.explain))
             resp.start(up.status, downstream_headers(up, ctx.request_id, extra), up.content_length)
-        stats.observe_ttfb(time.perf_counter() - ctx.t0)
+        stats.observe_ttfb(perf_counter() - ctx.t0)
         return True
 
     async def forward(self, req: Request, resp: ResponseWriter, ctx: RequestContext, view: ModelView,
@@ -258,7 +307,7 @@ class Forwarder:
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
         begun = False  # the head callback answered the client already (_Begin)
-        t_send = time.perf_counter()  # the exchange starts: the endpoint's duration counts from here
+        t_send = perf_counter()  # the exchange starts: the endpoint's duration counts from here
         try:
             path = f"{ctx.path}?{req.query}" if req.query else ctx.path
             if view.disaggregated:  # prefill on one replica, then this exchange with a decode replica
@@ -284,7 +333,7 @@ class Forwarder:
                     return
                 resp.end()
                 metrics.count(view.name, up.status)
-                now = time.perf_counter()
+                now = perf_counter()
                 stats.observe_duration(now - ctx.t0)
                 metrics.endpoint(view.name, ep.key).observe_duration(now - t_send)
             except ClientGone:
