@@ -79,6 +79,8 @@ class Ejector:
         st = self._states.get(key)
         if st is None:
             st = self._states[key] = _State()
+        elif ok and st.consecutive == 0 and st.ejected_until is None:
+            return False  # the common case, nothing to reset or to end (and no clock read)
         now = self.clock()
         self._expire(key, st, now)
         if ok:
