@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 import orjson
+from orjson import loads as _json_loads
 
 from flexinfer._speedups import model_key_scan
 from flexinfer.errors import BadRequest, InvalidJSON, InvalidModelName, NotFound, PayloadTooLarge
@@ -117,7 +118,7 @@ def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, KeyScan]:
     if not body:
         return None, _NO_KEY
     try:
-        data = orjson.loads(body)
+        data = _json_loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(data, dict):

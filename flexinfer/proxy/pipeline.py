@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
+from time import perf_counter
 from typing import Any, Protocol
 
 import orjson
@@ -27,6 +27,7 @@ from flexinfer.proxy.activation import Activator
 from flexinfer.proxy.auth import BearerAuth
 from flexinfer.proxy.context import REQUEST_IDS, ROUTE_ADMIN, ROUTE_CONTROL, RequestContext, RequestIds
 from flexinfer.proxy.ejection import Ejector
+from flexinfer.proxy.extract import body_model, normalize_path, parse_json_counted, rewrite_model, route_path
 from flexinfer.proxy.forward import Forwarder, sse_error
 from flexinfer.proxy.limits import Limiter, LocalBuckets
 from flexinfer.proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -137,10 +138,10 @@ class ProxyHandler:
             rid = self.new_request_id()
         try:
             # decided once: every route below (control, admin, forward) sees the normalized path
-            req.path = path = extract.normalize_path(req.path)
+            req.path = path = normalize_path(req.path)
         except FlexInferError as exc:
             return exc
-        ctx = RequestContext(time.perf_counter(), rid, path)
+        ctx = RequestContext(perf_counter(), rid, path)
         req.ctx = ctx
         if path in _CONTROL or path.startswith("/v1/models/"):
             ctx.route = ROUTE_CONTROL
@@ -154,7 +155,7 @@ class ProxyHandler:
             err = self._authenticate(req, ctx)
             if err is not None:
                 return err
-            name, ctx.path = extract.route_path(path)
+            name, ctx.path = route_path(path)
             source = "path"
             header = req.get(b"x-model-id")
             if header is not None:
@@ -205,11 +206,11 @@ class ProxyHandler:
             model_scan: extract.KeyScan | None = None
             ctype = req.content_type
             if req.body and ctype == b"application/json":
-                data, model_scan = extract.parse_json_counted(req.body)
+                data, model_scan = parse_json_counted(req.body)
             name = ctx.model_name
             if name is None:
                 if data is not None:
-                    name = extract.body_model(data)
+                    name = body_model(data)
                     ctx.source = "body"
                 elif ctype == b"multipart/form-data" and req.body:
                     name = extract.multipart_model(req.body, req.get(b"content-type") or b"")
@@ -266,7 +267,7 @@ class ProxyHandler:
                     data["model"] = target
                 body = orjson.dumps(data)
             elif data is not None and "model" in data:
-                body = extract.rewrite_model(body, data, target, model_scan)
+                body = rewrite_model(body, data, target, model_scan)
             if self._ask_usage and data is not None and data.get("stream") is True and ctx.path in usage.USAGE_PATHS:
                 asked = usage.ask_usage(body, data, target)  # the stream's usage for the metrics; stripped again
                 if asked is not None:

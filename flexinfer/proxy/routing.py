@@ -34,9 +34,9 @@ import hashlib
 import logging
 import math
 import re
-import time
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from time import monotonic
 from typing import Any, Protocol, cast
 
 from flexinfer._speedups import HashRing, SharedPrefixes, chained_block_hashes
@@ -459,7 +459,7 @@ class Router:
     def _engine_columns(self, st: _ModelState) -> tuple[list[Any], ...]:
         """The model's engine figures by endpoint, rebuilt from the scraper (the caller does so at
         most every :data:`ENGINE_COLUMNS_TTL` seconds, or when the endpoints changed)."""
-        now = time.monotonic()
+        now = monotonic()
         keys = st.keys
         state = self.engine_state
         waiting: list[float | None] = []
@@ -497,7 +497,7 @@ class Router:
         keys = st.keys
         in_flight = self.load.loads(keys)
         engine = st.eng
-        if st.eng_keys is not keys or time.monotonic() - st.eng_at >= ENGINE_COLUMNS_TTL:
+        if st.eng_keys is not keys or monotonic() - st.eng_at >= ENGINE_COLUMNS_TTL:
             engine = self._engine_columns(st)
         hashes = self._hashes(view, data) if sched.needs_prefix else ()
         adapter = None

@@ -27,7 +27,7 @@ non-empty ``choices`` seen yet), at most :data:`HOLD_BYTES`.
 from __future__ import annotations
 
 import re
-import time
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -112,7 +112,7 @@ class UsageTap:
         if clock is None:  # not SSE: keep the tail (the usage object ends the body)
             self._keep(buf)
             if self.ttft < 0:
-                self.ttft = time.perf_counter() - self.t0
+                self.ttft = perf_counter() - self.t0
             return None
         scan = clock.feed(buf)
         if scan & KEEP:  # a usage object (or part of one) may be in this read
