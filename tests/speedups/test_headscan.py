@@ -115,6 +115,9 @@ def _expected(lead: tuple[bytes, ...], headers: Any, rules: dict[bytes, bool], t
     ([(b"x", b"a\nb")], False),
     ([(b"x", b"a\rb")], False),
     ([(b"x", b"a\x00b")], False),
+    ([(b"x", b"01234567" * 3 + b"\r")], False),  # past the whole words: the bytes left over
+    ([(b"x", b"01234567" + b"\n" + b"01234567")], False),  # in the second word
+    ([(b"x", b"\x8a\x8d\x80\x0b\x0c\x0e\x09\x0f" * 2)], True),  # near misses (a word-wise false alarm at most)
     ([(b"x\r\ny", b"1")], False),
     ([(b"connection", b"x-hop")], False),  # the rules say: the caller's builder
     ([[b"x", b"1"]], False),  # a list, not a tuple
@@ -166,7 +169,8 @@ def test_head_block_takes_lists_and_tuples_only(headscan: ModuleType) -> None:
 _NAMES = st.sampled_from([b"x-a", b"content-type", b"content-length", b"connection", b"transfer-encoding",
                           b"X-Up", b"", b"a b", b"a\r\nb", b"~!#$%&'*+-.^_`|", b"\xff", b"a:b"])
 _VALUES = st.sampled_from([b"", b"v", b"application/json", b"a\r\nx-evil: 1", b"a\nb", b"\r", b"\x00",
-                           b"\xff\xfe", b" spaced ", b"a" * 300])
+                           b"\xff\xfe", b" spaced ", b"a" * 300, b"01234567\x00", b"0123456789abcdef\r\n",
+                           b"x" * 40 + b"\n" + b"y" * 7, b"\x8a\x8d\x80" * 5])
 
 
 @given(st.lists(st.tuples(_NAMES, _VALUES), max_size=70))
