@@ -62,7 +62,8 @@ cdef extern from "Python.h":
 
 #: more headers than this go to the caller's own builder (the keep marks below are this wide)
 MAX_BLOCK_HEADERS = 64
-DEF _MAX = 64
+cdef enum:
+    _MAX = 64
 
 # 1 for the bytes a lower-case header name may hold: RFC 9110's tchar less A-Z
 cdef unsigned char _LTOK[256]
@@ -93,9 +94,9 @@ cdef inline bint _lower_token(PyObject* name):
 
 cdef extern from *:
     """
-    /* whether any of the 8 bytes of v is 0x00, 0x0a or 0x0d (the classic has-zero-byte test on v,
-       v ^ LF..LF and v ^ CR..CR: no false negatives; a false positive only sends the caller to its
-       own builder, and is ruled out below by the byte-wise look) */
+    /* whether any of the 8 bytes of v is 0x00, 0x0a or 0x0d: the classic has-zero-byte test on v,
+       v ^ LF..LF and v ^ CR..CR (nonzero exactly when the word holds one; the byte loop after it
+       then looks at the bytes themselves) */
     #define FI_ONES 0x0101010101010101ULL
     #define FI_HIGH 0x8080808080808080ULL
     #define FI_ZERO(v) (((v) - FI_ONES) & ~(v) & FI_HIGH)
@@ -116,7 +117,7 @@ cdef inline bint _no_ctl(PyObject* value):
     while i + 8 <= n:
         memcpy(&word, p + i, 8)
         if fi_word_has_ctl(word):
-            break  # (a false positive is possible: the bytes decide)
+            break  # one of them is in this word: the byte loop below finds it
         i += 8
     while i < n:
         c = p[i]
