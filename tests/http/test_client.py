@@ -67,6 +67,33 @@ async def test_reuse_keepalive_connection() -> None:
         await pool.close()
 
 
+async def test_cancelled_while_waiting_for_the_head_closes_the_connection() -> None:
+    """A caller cancelled before the head is in: the connection is aborted (the backend sees it go)
+    and never pooled; the next request gets a new connection."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        if conn.index == 0:
+            await reader.read()  # never answers; returns when the proxy side goes away
+            return
+        writer.write(ok_response(b"second"))
+        await writer.drain()
+        await read_request(reader)
+
+    async with RawBackend(script) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        task = asyncio.ensure_future(pool.request("GET", "/slow", [], b""))
+        await until(lambda: len(backend.conns) == 1 and b"/slow" in backend.conns[0].captured)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(backend.conns[0].closed.wait(), 2.0)
+        assert pool.idle == 0 and pool.active == 0
+        resp = await pool.request("GET", "/next", [], b"")
+        assert await resp.read_all(100) == b"second"
+        assert len(backend.conns) == 2
+        await pool.close()
+
+
 async def test_read_pieces_and_end() -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
         await read_request(reader)
