@@ -46,7 +46,6 @@ from cpython.ref cimport PyObject
 from libc.string cimport memcpy
 
 cdef extern from "Python.h":
-    bint PyBytes_CheckExact(object)
     bint PyTuple_CheckExact(object)
     bint PyList_CheckExact(object)
     object PyBytes_FromStringAndSize(const char*, Py_ssize_t)

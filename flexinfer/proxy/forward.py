@@ -52,7 +52,7 @@ log = logging.getLogger("flexinfer.proxy")
 
 #: upstream_headers' verdict per header name (names come interned from the HTTP core's name cache):
 #: 0 forwarded, 1 left out, 2 Authorization (left out when the proxy checked it), 3 Connection
-#: (the names it lists are left out too: the full path). Bounded like the HTTP core's caches.
+#: (left out, and so are the names it lists). Bounded like the HTTP core's caches.
 _up_kinds: dict[bytes, int] = {}
 _UP_KINDS_MAX = 4096
 #: a client address ("host:port") -> the X-Forwarded-For value; bounded, cleared when full
@@ -86,34 +86,21 @@ def _forwarded_for(peer: str) -> bytes:
 def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
     out = []
     kinds = _up_kinds
+    named: set[bytes] | None = None  # the names a Connection header lists (rare: built only then)
     for item in req.headers:
         kind = kinds.get(item[0])
         if kind is None:
             kind = _up_kind(item[0])
         if kind:
-            if kind == 3:
-                return _upstream_headers_named(req, request_id, drop_auth)
-            if kind == 1 or drop_auth:
+            if kind == 3 and named is None:
+                named = {t.strip().lower() for k, v in req.headers if k == b"connection" for t in v.split(b",")}
+            if kind != 2 or drop_auth:
                 continue
         out.append(item)
+    if named:
+        out = [item for item in out if item[0] not in named]
     out += ((b"x-request-id", request_id), (b"x-forwarded-for", _forwarded_for(req.peer)),
             (b"x-forwarded-proto", b"http"))
-    return out
-
-
-def _upstream_headers_named(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
-    """upstream_headers for a request with a Connection header: the names it lists are left out."""
-    extra_drop = {t.strip().lower() for k, v in req.headers if k == b"connection" for t in v.split(b",")}
-    out = []
-    for k, v in req.headers:
-        if k in _DROP_UP or k in extra_drop or k.startswith(b"x-flexinfer-"):
-            continue
-        if drop_auth and k == b"authorization":
-            continue
-        out.append((k, v))
-    out.append((b"x-request-id", request_id))
-    out.append((b"x-forwarded-for", _forwarded_for(req.peer)))
-    out.append((b"x-forwarded-proto", b"http"))
     return out
 
 
