@@ -1,6 +1,10 @@
 # FlexInfer: the two commands a new user needs are `make run` and `make test`.
 SHELL := /bin/bash
-PYTHON ?= python3
+# The interpreter the venv is made from: the distribution's python3 when it can make one, else python3 on
+# PATH (scripts/pick-python.sh says why); `make PYTHON=... ` chooses another.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell scripts/pick-python.sh)
+endif
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
@@ -12,6 +16,7 @@ PYTEST_ARGS ?=
 .PHONY: docker-registry
 
 $(PY):
+	@echo "==> making $(VENV) from $(PYTHON) ($$($(PYTHON) -c 'import sys; print(sys.version.split()[0])'))"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -U pip setuptools wheel
 

@@ -107,12 +107,14 @@ def _side_env(root: Path | None) -> dict[str, str]:
 
 def build_baseline(sha: str) -> Side:
     """The baseline side: a worktree of ``sha`` and a venv whose .pth puts that worktree first and
-    this interpreter's site-packages (the same third-party packages) after it; built once per sha."""
+    this interpreter's site-packages (the same third-party packages) after it; built once per sha and
+    interpreter (a venv remade from another interpreter rebuilds it: both sides must run on the same one)."""
     base = CACHE / f"baseline-{sha[:12]}"
     wt, venv, stamp = base / "src", base / "venv", base / ".ready"
     py = venv / "bin" / "python"
     script = venv / "bin" / "flexinfer"
-    if not stamp.exists():
+    ready = f"{sha}\n{os.path.realpath(sys.executable)} {sys.version.split()[0]}\n"
+    if not stamp.exists() or stamp.read_text() != ready:
         t0 = time.monotonic()
         print(f"gate: building the baseline {sha[:12]} in {base.relative_to(ROOT)}", flush=True)
         if base.exists():
@@ -132,7 +134,7 @@ def build_baseline(sha: str) -> Side:
                    env=_side_env(None))
         if built.returncode != 0:
             raise GateError(f"baseline build_ext failed:\n{built.stderr[-2000:]}")
-        stamp.write_text(sha + "\n")
+        stamp.write_text(ready)
         print(f"gate: baseline built in {time.monotonic() - t0:.0f} s", flush=True)
     return Side("base", wt, py, script, _side_env(None))
 

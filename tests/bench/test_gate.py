@@ -3,6 +3,10 @@ on equal figures, survives a noise burst in one round, and refuses to pass what 
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.gate import baseline_sha, wrk_counts
@@ -130,3 +134,35 @@ def test_a_failure_stands_only_when_the_confirmation_run_fails_the_same_metric()
     assert not again.passed and again.failures[0].startswith("nonstream_cpu_us")
     other = confirmed(slow_cpu, judge(rounds({"stream_cpu_us": 1.3})))  # a different metric each time
     assert other.passed
+
+
+def test_the_baseline_is_rebuilt_when_the_interpreter_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A baseline built by another interpreter (or by a gate that did not record one) is not reused: the
+    two sides must run on the same interpreter, or the gate measures the interpreters."""
+    import bench.gate as gate
+
+    sha = "ab" * 20
+    base = tmp_path / f"baseline-{sha[:12]}"
+    base.mkdir()
+    monkeypatch.setattr(gate, "CACHE", tmp_path)
+    calls: list[list[str]] = []
+
+    class Rebuilt(Exception):
+        pass
+
+    def sh(cmd: list[str], **_: object) -> None:
+        calls.append(cmd)
+        raise Rebuilt
+
+    monkeypatch.setattr(gate, "sh", sh)
+    monkeypatch.setattr(gate, "ROOT", tmp_path)
+    ours = f"{sha}\n{os.path.realpath(sys.executable)} {sys.version.split()[0]}\n"
+    (base / ".ready").write_text(ours)
+    side = gate.build_baseline(sha)
+    assert calls == [] and side.python == base / "venv" / "bin" / "python"
+    for stale in (f"{sha}\n", f"{sha}\n/opt/other/python3.11 3.11.7\n"):
+        (base / ".ready").write_text(stale)
+        with pytest.raises(Rebuilt):
+            gate.build_baseline(sha)
+        assert calls[-1][:2] == ["git", "worktree"]
+        (base).mkdir(exist_ok=True)
