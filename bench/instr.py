@@ -81,7 +81,9 @@ def measure(mode: str, requests: int, warmup: int, gap_ms: float, pythonpath: st
            sys.executable, "-c", "import sys; from flexinfer.cli import main; sys.exit(main())",
            "proxy", "-c", str(config), "--host", "127.0.0.1", "--port", str(proxy_port)]
     log = (work / f"proxy.{mode}.log").open("wb")
-    proxy = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # cwd: the work folder, not this checkout: ``python -c`` puts the cwd first on sys.path, ahead of
+    # PYTHONPATH, which would import this checkout's flexinfer whatever --pythonpath says
+    proxy = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=work)
     try:
         wait_port(backend_port, backend)
         wait_port(proxy_port, proxy, 180)  # (python under valgrind starts in 10-30 s)

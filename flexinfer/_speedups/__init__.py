@@ -26,6 +26,8 @@ __all__ = [
     "NO_EXTENSIONS",
     "PRIMITIVES",
     "BucketRegistry",
+    "ChunkedBody",
+    "FramingError",
     "HashRing",
     "SharedBuckets",
     "SharedCounts",
@@ -38,6 +40,7 @@ __all__ = [
     "event_end",
     "frame_chunk",
     "head_block",
+    "head_end",
     "head_lines_ok",
     "keep_below",
     "key_hash",
@@ -51,7 +54,7 @@ __all__ = [
     "usage_cuts",
 ]
 
-PRIMITIVES: tuple[str, ...] = ("chunkframe", "hashring", "headscan", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
+PRIMITIVES: tuple[str, ...] = ("bodyframe", "chunkframe", "hashring", "headscan", "keyscan", "prefixhash", "schedkern", "shmstate", "ssescan", "tokenbucket")
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 IMPLEMENTATIONS: dict[str, str] = {}
 
@@ -77,6 +80,9 @@ def _pick(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
+    from .bodyframe_py import ChunkedBody as ChunkedBody
+    from .bodyframe_py import FramingError as FramingError
+    from .bodyframe_py import head_end as head_end
     from .chunkframe_py import frame_chunk as frame_chunk
     from .hashring_py import HashRing as HashRing
     from .headscan_py import head_block as head_block
@@ -101,6 +107,11 @@ if TYPE_CHECKING:
     from .tokenbucket_py import BucketRegistry as BucketRegistry
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
+    _bodyframe = _pick("bodyframe")
+    ChunkedBody = _bodyframe.ChunkedBody
+    FramingError = _bodyframe.FramingError
+    head_end = _bodyframe.head_end
+    del _bodyframe
     frame_chunk = _pick("chunkframe").frame_chunk
     HashRing = _pick("hashring").HashRing
     _headscan = _pick("headscan")

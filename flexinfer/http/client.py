@@ -9,7 +9,9 @@ arrived before the loop's last poll has already removed the connection — and
 at most one retry of a reused connection that failed before any response byte, only for GET, HEAD
 and OPTIONS: a request whose bytes were written is never written again otherwise, because the
 engine may already be running it; that refusal is an ``UpstreamError`` with ``reason="not_replayed"``),
-one exchange at a time per connection (:class:`_Conn`), strict parsing of responses
+one exchange at a time per connection (:class:`_Conn`; a chunked body after a head that came whole is
+read by ``_speedups.ChunkedBody``, one call per read, instead of httptools' callback per chunk), strict
+parsing of responses
 (garbage, CL+TE, duplicate CL, oversize head, unrequested 101 -> ``reason="protocol"``) and the
 response-start and stream-idle timeouts (no total timeout; deadlines are floats watched by one lazy
 timer per connection that is re-armed only when it fires early, so a request on a reused
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from flexinfer._speedups import ChunkedBody, FramingError, head_end
 from flexinfer.http.upstream import (
     HOP_BY_HOP,
     UpstreamConnectError,
@@ -91,10 +94,10 @@ class _Conn(_Compiled, asyncio.Protocol):
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
-        "broken", "checked_out", "close_delimited", "expect_response", "hdr_bytes", "head_due", "head_only",
-        "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
-        "loop", "lost", "msg_done", "on_head", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
-        "timer_at", "transport", "waiter",
+        "broken", "checked_out", "chunks", "close_delimited", "cut", "expect_response", "hdr_bytes", "head_due",
+        "head_only", "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
+        "loop", "lost", "msg_done", "on_head", "parser", "parser_spent", "paused", "poller", "pool", "resp", "reused",
+        "rx", "timer", "timer_at", "transport", "waiter",
     )
 
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
@@ -129,6 +132,10 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.hdr_bytes = 0
         self.poller: select.poll | None = None
+        #: the chunked body being read without httptools (see data_received), or None
+        self.chunks: ChunkedBody | None = None
+        self.cut = False  # httptools is being fed a head that ends the read it came in
+        self.parser_spent = False  # httptools was left inside a body: a new parser for the next exchange
 
     # ---- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -165,6 +172,12 @@ class _Conn(_Compiled, asyncio.Protocol):
         self._deliver(err, allow_retry=True)
 
     def data_received(self, data: bytes) -> None:
+        """One read. A chunked body is read by :class:`~flexinfer._speedups.ChunkedBody` (one call
+        per read, its payload handed over as one piece) once httptools has read the head: a head
+        that arrives whole at the start of a read and names ``chunked`` (``head_end``) is fed to
+        httptools alone and the rest of the read, like every later read of the body, goes to the
+        decoder; any other response (a head in pieces, interim responses, bare LF line ends,
+        another framing) is httptools' from end to end, as before."""
         if not self.expect_response:
             # unsolicited bytes (extra data after a response, or from an idle pooled connection)
             self.broken = True
@@ -173,22 +186,59 @@ class _Conn(_Compiled, asyncio.Protocol):
         n = len(data)
         self.rx += n
         self.last_rx = self.loop.time()
-        if self.in_head:
-            self.head_raw += n
-        failure: Exception | None = None
-        try:
-            self.parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            failure = exc
+        body = self.chunks
+        if body is None:
+            failure: Exception | None = None
+            if self.in_head:
+                self.head_raw += n
+                if self.head_raw == n and not self.head_only:  # the read that starts the head
+                    end = head_end(data)
+                    if end > 0:
+                        self.cut = True
+                        try:
+                            self.parser.feed_data(data if end == n else data[:end])
+                        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                            failure = exc
+                        self.cut = False
+                        data = data[end:] if failure is None and end < n else b""
+                        body = self.chunks  # on_headers_complete made it: the rest is the decoder's
+            if body is None or failure is not None:
+                if data:
+                    try:
+                        self.parser.feed_data(data)
+                    except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                        failure = exc
+                resp = self.resp
+                if resp is not None:
+                    resp.on_read_end()  # what this read carried goes to the client first, in one call
+                if failure is not None and self._parse_failed(failure):
+                    return
+                if self.msg_done:
+                    self._finish()
+                elif self.in_head and self.head_raw > self.pool._settings.max_response_header_bytes:
+                    self._fail_protocol("response head too large")
+                return
+        # the chunked body, without httptools: its payload to the response in one piece, the end as
+        # httptools' on_message_complete would have it, then the same steps as above
         resp = self.resp
-        if resp is not None:
-            resp.on_read_end()  # what this read carried goes to the client first, in one call
-        if failure is not None and self._parse_failed(failure):
+        try:
+            payload = body.feed(data)
+        except FramingError as exc:
+            if resp is not None:
+                resp.on_read_end()
+            self._fail_protocol(f"malformed response: {exc}")
             return
+        if payload and resp is not None and not self.msg_done:
+            resp.on_body(payload)
+        if body.done:
+            self.chunks = None
+            if body.extra:
+                self.broken = True  # bytes after a complete response: never reuse
+            self.on_message_complete()
+        if resp is not None:
+            resp.on_read_end()
         if self.msg_done:
             self._finish()
-        elif self.in_head and self.head_raw > self.pool._settings.max_response_header_bytes:
-            self._fail_protocol("response head too large")
 
     def _parse_failed(self, exc: Exception) -> bool:
         """A parse failure: True when the exchange failed (False: bytes after a complete response,
@@ -253,6 +303,9 @@ class _Conn(_Compiled, asyncio.Protocol):
             self.keep_alive = False
         resp = UpstreamResponse(self, status, self.headers, cl, chunked, self.pool._settings.read_buffer_high)
         self.resp = resp
+        if self.cut and chunked and not no_body:  # the head ends the bytes httptools got: the body is ours
+            self.chunks = ChunkedBody(self.pool._settings.max_response_header_bytes)
+            self.parser_spent = True
         self.head_due = 0.0
         waiter = self.waiter
         self.waiter = None
@@ -301,6 +354,10 @@ class _Conn(_Compiled, asyncio.Protocol):
         calls :meth:`abandon` when it is cancelled meanwhile."""
         if self.lost or self.transport.is_closing():
             raise _NotSent()
+        if self.parser_spent:  # the last body was read without httptools, which still waits inside it
+            self.parser_spent = False
+            self.chunks = None
+            self.parser = httptools.HttpResponseParser(self)
         loop = self.loop
         waiter: asyncio.Future[UpstreamResponse] = loop.create_future()
         self.waiter = waiter

@@ -149,6 +149,20 @@ def chunk_framing(mod: ModuleType) -> Callable[[], object]:
     return run
 
 
+def chunked_reading(mod: ModuleType) -> Callable[[], object]:
+    """A 500-event stream's body in reads of four events, as a loaded proxy reads it."""
+    wire = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n"
+    step = len(wire) // 125
+    reads = [wire[i:i + step] for i in range(0, len(wire), step)]
+
+    def run() -> None:
+        body = mod.ChunkedBody(8192)
+        for r in reads:
+            body.feed(r)
+
+    return run
+
+
 CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] = {
     "hashring.get": ("hashring", ring_get, 20),
     "hashring.get_bounded": ("hashring", ring_bounded, 10),
@@ -158,6 +172,7 @@ CASES: dict[str, tuple[str, Callable[[ModuleType], Callable[[], object]], int]] 
     "head_lines_ok(200 B head)": ("headscan", head_check, 20),
     "frame_chunk(130 B event)": ("chunkframe", chunk_framing, 20),
     "head_block(4 headers)": ("headscan", head_building, 20),
+    "ChunkedBody.feed(4-event reads)": ("bodyframe", chunked_reading, 5),
 }
 
 

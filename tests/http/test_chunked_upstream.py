@@ -1,0 +1,133 @@
+"""A chunked upstream body read without httptools (flexinfer/http/client.py: ``_Conn.data_received``
+cuts a whole head off its read and hands the body to ``_speedups.ChunkedBody``), over real sockets:
+the same bytes, ends, reuse and failures as when httptools reads the whole response, and the
+responses it must leave to httptools (a head in pieces, interim responses, HEAD) still read right."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from flexinfer.http.client import UpstreamError, UpstreamPool
+from flexinfer.settings import UpstreamSettings
+from tests.http._support import HOST, BackendConn, RawBackend, read_request, until
+
+FAST = UpstreamSettings(connect_timeout=1.0, response_timeout=2.0, stream_idle_timeout=2.0,
+                        pool_idle_timeout=2.0)
+HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+
+
+def backend_writes(*responses: list[bytes]):  # type: ignore[no-untyped-def]
+    """A backend that answers its n-th request (over all connections) with the n-th list of writes,
+    each write drained and followed by a short pause, so that each arrives in a read of its own."""
+    served = [0]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        while True:
+            await read_request(reader)
+            writes = responses[min(served[0], len(responses) - 1)]
+            served[0] += 1
+            for w in writes:
+                writer.write(w)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+    return script
+
+
+async def read_body(pool: UpstreamPool, path: str = "/") -> tuple[bytes, bool]:
+    """The body, and whether the decoder (not httptools) read it after the head."""
+    resp = await pool.request("GET", path, [], b"")
+    conn = resp._conn
+    owned = conn is not None and conn.chunks is not None
+    pieces = []
+    while True:
+        piece = await resp.read()
+        if not piece:
+            break
+        pieces.append(piece)
+    return b"".join(pieces), owned
+
+
+async def test_a_stream_is_read_by_the_decoder_and_the_connection_reused() -> None:
+    """Head and first event in one read, the events in reads of their own, then two more responses
+    on the same connection: the parser left inside the first body is replaced for the next."""
+    events = [b"data: %d\n\n" % i for i in range(5)]
+    writes = [HEAD + b"%x\r\n%b\r\n" % (len(events[0]), events[0])]
+    writes += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
+    async with RawBackend(backend_writes(writes)) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        for _ in range(3):
+            body, owned = await read_body(pool)
+            assert body == b"".join(events) and owned
+        assert len(backend.conns) == 1 and pool.idle == 1
+        await pool.close()
+
+
+async def test_a_whole_body_in_the_head_s_read_and_a_content_length_response_after() -> None:
+    writes_a = [HEAD + b"3\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"]
+    writes_b = [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nplain"]
+    async with RawBackend(backend_writes(writes_a, writes_b)) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        assert (await read_body(pool))[0] == b"abcde"
+        assert pool.idle == 1
+        body, owned = await read_body(pool)
+        assert body == b"plain" and not owned  # httptools reads it, with a fresh parser
+        assert len(backend.conns) == 1 and pool.idle == 1
+        await pool.close()
+
+
+@pytest.mark.parametrize("writes", [
+    [HEAD[:20], HEAD[20:] + b"3\r\nabc\r\n", b"0\r\n\r\n"],  # a head in two reads: httptools' from end to end
+    [b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD + b"3\r\nabc\r\n", b"0\r\n\r\n"],  # an interim response first
+    [HEAD, b"3\r\nab", b"c\r\n0\r", b"\n\r\n"],  # the head alone, the body cut anywhere
+    [HEAD.replace(b"chunked", b"CHUNKED") + b"3;ext=1\r\nabc\r\n0\r\n\r\n"],
+], ids=["head-in-pieces", "interim-first", "body-cut-anywhere", "upper-case"])
+async def test_every_shape_reads_the_same(writes: list[bytes]) -> None:
+    async with RawBackend(backend_writes(writes)) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        for _ in range(2):
+            assert (await read_body(pool))[0] == b"abc"
+        assert len(backend.conns) == 1 and pool.idle == 1
+        await pool.close()
+
+
+async def test_bytes_after_the_last_chunk_end_the_body_and_the_connection() -> None:
+    writes = [HEAD + b"2\r\nhi\r\n", b"0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison"]
+    async with RawBackend(backend_writes(writes)) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        assert await read_body(pool) == (b"hi", True)
+        assert pool.idle == 0
+        assert (await read_body(pool))[0] == b"hi"  # a fresh connection, not the poisoned bytes
+        assert len(backend.conns) == 2
+        await pool.close()
+
+
+@pytest.mark.parametrize("bad", [b"zz\r\nabc\r\n", b"3\r\nabcXX", b"3 \r\nabc\r\n", b"0\r\nno colon\r\n\r\n",
+                                 b"ffffffffffffffffffff\r\n"])
+async def test_broken_framing_in_a_later_read_is_a_protocol_error(bad: bytes) -> None:
+    writes = [HEAD + b"2\r\nhi\r\n", bad]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await backend_writes(writes)(reader, writer, conn)
+
+    async with RawBackend(script) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        resp = await pool.request("GET", "/", [], b"")
+        assert await resp.read() == b"hi"
+        with pytest.raises(UpstreamError) as ei:
+            while await resp.read():
+                pass
+        assert ei.value.reason == "protocol" and "malformed response" in str(ei.value)
+        assert pool.idle == 0 and pool.active == 0
+        assert await until(lambda: backend.conns[0].closed.is_set(), 3.0)
+        await pool.close()
+
+
+async def test_head_request_with_chunked_answer_is_not_cut() -> None:
+    """A HEAD's response has no body whatever it says: nothing is handed to a decoder."""
+    async with RawBackend(backend_writes([HEAD])) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        resp = await pool.request("HEAD", "/", [], b"")
+        assert resp.status == 200 and await resp.read() == b""
+        await pool.close()
