@@ -4,10 +4,12 @@ interpreter):
 
     FLEXINFER_NO_EXTENSIONS=1 python -m tests.proxy._atheris_targets TARGET SECONDS [libFuzzer flags]
 
-Owns: the four targets and their oracles. ``model`` (JSON body -> model name: parse_json_counted +
+Owns: the five targets and their oracles. ``model`` (JSON body -> model name: parse_json_counted +
 body_model + is_stream), ``rewrite`` (the upstream body rewrite: the result parses to the same
 object with ``model`` replaced, nothing else changed), ``multipart`` (the form-field scan under a
-fuzzed boundary) and ``routing`` (path policy + model grammar + affinity/prefix keys). A client
+fuzzed boundary), ``routing`` (path policy + model grammar + affinity/prefix keys) and ``chunked``
+(a backend's chunked body, read by ``_speedups.ChunkedBody`` in fuzzed reads, against httptools
+reading it whole: see :func:`t_chunked`). A client
 error (a :class:`FlexInferError` with a 4xx status) is an allowed outcome; any other exception,
 a 5xx error or a broken invariant is a crash (atheris prints the input and exits non-zero).
 Must not: import a compiled module (atheris instruments Python bytecode only: the runner sets
@@ -29,8 +31,11 @@ import atheris
 import flexinfer  # noqa: F401  (first: its import hook must sit behind atheris's in sys.meta_path)
 
 with atheris.instrument_imports(include=["flexinfer"]):
+    from flexinfer._speedups import bodyframe_py
     from flexinfer.errors import FlexInferError
     from flexinfer.proxy import extract, routing
+
+import httptools
 
 _SEEDS = (b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}',
           b'{"\\u006dodel":"a","model":"b"}', b"[" * 50, b'{"model":1e999}',
@@ -38,7 +43,8 @@ _SEEDS = (b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":tru
           b'{"model":"a","messages":[{"role":"system","content":[{"type":"text","text":"sys"}]}]}',
           b'\x20/model/m/v1/chat/completions\x00\x00{"model":"m"}',
           b"\x08\x01b0undary--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
-          b"m\r\n--b0undary\r\nContent-Disposition: form-data; name*=UTF-8''model\r\n\r\nx\r\n--b0undary--")
+          b"m\r\n--b0undary\r\nContent-Disposition: form-data; name*=UTF-8''model\r\n\r\nx\r\n--b0undary--",
+          b"\x02\x05\x11a\r\ndata: {\"x\":1}\n\n\r\n5;e=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n")
 
 
 def _client_error(exc: FlexInferError) -> None:
@@ -126,7 +132,66 @@ def t_routing(data: bytes) -> None:
     routing.prompt_text(parsed)
 
 
-def t_all(data: bytes) -> None:  # the CI run: the four targets in one process, picked by the first byte
+class _Sink:
+    def __init__(self) -> None:
+        self.body: list[bytes] = []
+        self.done = False
+
+    def on_body(self, piece: bytes) -> None:
+        self.body.append(piece)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _decode(body: bytes, cuts: list[int]) -> tuple[bool, bytes, bool, int]:
+    """(failed, payload, ended, extra) of ChunkedBody fed ``body`` in reads cut at ``cuts``."""
+    dec = bodyframe_py.ChunkedBody(1 << 20)
+    got: list[bytes] = []
+    last = 0
+    for at in [*cuts, len(body)]:
+        try:
+            got.append(dec.feed(body[last:at]))
+        except bodyframe_py.FramingError:
+            return True, b"".join(got), False, 0
+        last = at
+        if dec.done:
+            break
+    return False, b"".join(got), dec.done, dec.extra
+
+
+def t_chunked(data: bytes) -> None:
+    """However the body is cut into reads, the decoder reads it as it reads it whole; where httptools
+    (llhttp) reads it without error, the decoder ends it where httptools does with the same payload,
+    or waits with the same payload; where both fail, one payload is the start of the other."""
+    fdp = atheris.FuzzedDataProvider(data)
+    ncuts = fdp.ConsumeIntInRange(0, 4)
+    body = fdp.ConsumeBytes(fdp.remaining_bytes())
+    cuts = sorted({fdp.ConsumeIntInRange(0, len(body)) for _ in range(ncuts)}) if body else []
+    whole = _decode(body, [])
+    split = _decode(body, cuts)
+    if whole != split:
+        raise AssertionError(f"cut at {cuts}: {split!r} != whole {whole!r}")
+    failed, payload, ended, _extra = whole
+    sink = _Sink()
+    try:
+        httptools.HttpResponseParser(sink).feed_data(_CHUNKED_HEAD + body)
+        ht_failed = False
+    except httptools.HttpParserError:
+        ht_failed = True
+    ht_payload = b"".join(sink.body)
+    if not ht_failed or sink.done:  # httptools read it (or ended it before failing on the bytes after)
+        if failed or ended != sink.done or payload != ht_payload:
+            raise AssertionError(f"decoder {whole!r}, httptools ok={not ht_failed} ended={sink.done} "
+                                 f"{ht_payload!r}")
+    elif failed and not (payload.startswith(ht_payload) or ht_payload.startswith(payload)):
+        raise AssertionError(f"both failed, payloads {payload!r} / {ht_payload!r}")
+
+
+def t_all(data: bytes) -> None:  # the CI run: the five targets in one process, picked by the first byte
     if data:
         _EACH[data[0] % len(_EACH)](data[1:])
 
@@ -136,15 +201,16 @@ def t_broken(data: bytes) -> None:  # the harness's self-test: a target that bre
         raise AssertionError("broken target")
 
 
-_EACH = (t_model, t_rewrite, t_multipart, t_routing)
+_EACH = (t_model, t_rewrite, t_multipart, t_routing, t_chunked)
 TARGETS: dict[str, Callable[[bytes], None]] = {"model": t_model, "rewrite": t_rewrite, "multipart": t_multipart,
-                                               "routing": t_routing, "all": t_all, "broken": t_broken}
+                                               "routing": t_routing, "chunked": t_chunked, "all": t_all,
+                                               "broken": t_broken}
 
 
 def main() -> None:
     target, seconds, *flags = sys.argv[1:]
     fn = TARGETS[target]
-    seeds = [bytes([k]) + s for s in _SEEDS for k in range(4)] if target == "all" else list(_SEEDS)
+    seeds = [bytes([k]) + s for s in _SEEDS for k in range(len(_EACH))] if target == "all" else list(_SEEDS)
     if target != "broken":
         for s in seeds:  # the seeds run once outside libFuzzer: a broken oracle fails fast
             fn(s)

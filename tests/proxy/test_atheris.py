@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("atheris")
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGETS = ["model", "rewrite", "multipart", "routing"]
+TARGETS = ["model", "rewrite", "multipart", "routing", "chunked"]
 
 
 def run(target: str, seconds: float) -> subprocess.CompletedProcess[str]:
