@@ -37,6 +37,8 @@ with atheris.instrument_imports(include=["flexinfer"]):
 
 import httptools
 
+from tests.speedups.conftest import BodySink  # after the instrumented imports: it imports flexinfer._speedups
+
 _SEEDS = (b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}',
           b'{"\\u006dodel":"a","model":"b"}', b"[" * 50, b'{"model":1e999}',
           b'{"model":"llama-3.1:8b","session_id":"s","prefix":"p","cache_key":"abc"}',
@@ -132,18 +134,6 @@ def t_routing(data: bytes) -> None:
     routing.prompt_text(parsed)
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.body: list[bytes] = []
-        self.done = False
-
-    def on_body(self, piece: bytes) -> None:
-        self.body.append(piece)
-
-    def on_message_complete(self) -> None:
-        self.done = True
-
-
 _CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
@@ -176,7 +166,7 @@ def t_chunked(data: bytes) -> None:
     if whole != split:
         raise AssertionError(f"cut at {cuts}: {split!r} != whole {whole!r}")
     failed, payload, ended, _extra = whole
-    sink = _Sink()
+    sink = BodySink()
     try:
         httptools.HttpResponseParser(sink).feed_data(_CHUNKED_HEAD + body)
         ht_failed = False

@@ -15,6 +15,21 @@ from flexinfer import _speedups
 IMPLS = ("py", "c")
 
 
+class BodySink:
+    """httptools callbacks (the oracle of the body framing tests): the body pieces it read, and
+    whether the body ended."""
+
+    def __init__(self) -> None:
+        self.body: list[bytes] = []
+        self.done = False
+
+    def on_body(self, piece: bytes) -> None:
+        self.body.append(piece)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
 def load(name: str, impl: str) -> ModuleType:
     """The ``impl`` twin of primitive ``name``, or skip the test with the reason."""
     if impl == "c" and _speedups.NO_EXTENSIONS:

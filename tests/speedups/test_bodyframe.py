@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.speedups.conftest import load
+from tests.speedups.conftest import BodySink, load
 
 HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -33,21 +33,9 @@ def _twins() -> list[ModuleType]:
     return twins
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.body: list[bytes] = []
-        self.done = False
-
-    def on_body(self, piece: bytes) -> None:
-        self.body.append(piece)
-
-    def on_message_complete(self) -> None:
-        self.done = True
-
-
 def httptools_reads(body: bytes) -> tuple[str, bytes, bool]:
     """("ok" | "error", the payload before the end or the error, whether the body ended)."""
-    sink = _Sink()
+    sink = BodySink()
     parser = httptools.HttpResponseParser(sink)
     try:
         parser.feed_data(HEAD + body)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.speedups.conftest import load
+from tests.speedups.conftest import BodySink, load
 
 
 @pytest.fixture
@@ -53,23 +53,9 @@ def test_twins_agree_and_a_parser_reads_the_pieces_back(pieces: list[bytes], pre
         pass
     for mod in twins:
         assert mod.frame_chunk(prefix, pieces[0]) == b"%b%x\r\n%b\r\n" % (prefix, len(pieces[0]), pieces[0])
-        sink = _Sink()
+        sink = BodySink()
         parser = httptools.HttpResponseParser(sink)
         wire = mod.frame_chunk(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", pieces[0])
         wire += b"".join(mod.frame_chunk(b"", p) for p in pieces[1:]) + b"0\r\n\r\n"
         parser.feed_data(wire)
         assert sink.done and b"".join(sink.body) == b"".join(pieces)
-
-
-class _Sink:
-    """httptools callbacks: the body pieces the parser read back, and whether the body ended."""
-
-    def __init__(self) -> None:
-        self.body: list[bytes] = []
-        self.done = False
-
-    def on_body(self, piece: bytes) -> None:
-        self.body.append(piece)
-
-    def on_message_complete(self) -> None:
-        self.done = True
