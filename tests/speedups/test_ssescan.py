@@ -118,3 +118,79 @@ def test_usage_cuts_documented(ssescan: ModuleType) -> None:
     assert ssescan.usage_cuts(NULL_USAGE + b'data: {"choices":[{"x":1}],"usage":{"a":1}}\n\n', False)[2] == []
     crlf = USAGE.replace(b"\n", b"\r\n")
     assert ssescan.usage_cuts(crlf, False) == (len(crlf), False, [0, len(crlf)])
+
+
+# The compiled scan reads the colons of sixteen bytes at a time, by one SSE2 compare on x86-64 or
+# byte by byte elsewhere ("portable"): both against the bytes, at every start, for buffers up to 40
+# bytes (a short tail goes through a zeroed copy) holding the bytes a compare could confuse with ':'
+# (0x3a): its neighbours, its high-bit twin 0xba, NUL, 0x7f, 0xff.
+_NEAR = bytes([0x00, 0x39, 0x3B, 0x3A ^ 0x01, 0x7F, 0xBA, 0xFF, 0x80, 0x22, 0x20])
+
+
+def _colon_bits(buf: bytes, i: int) -> int:
+    return sum(1 << k for k, ch in enumerate(buf[max(i, 0):max(i, 0) + 16]) if ch == 0x3A)
+
+
+def _colon_finder() -> ModuleType:
+    c = load("ssescan", "c")
+    if not hasattr(c, "_colons"):
+        pytest.skip("the compiled twin has no colon finder")
+    return c
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["sse2", "portable"])
+def test_colon_bits_every_offset(portable: bool) -> None:
+    c = _colon_finder()
+    for n in range(0, 41):
+        filler = bytes(_NEAR[(i * 7 + n) % len(_NEAR)] for i in range(n))
+        bufs = [filler]
+        for p in range(n):
+            one = filler[:p] + b":" + filler[p + 1:]
+            bufs.append(one)
+            for q in range(p + 1, n, 5):
+                bufs.append(one[:q] + b":" + one[q + 1:])
+        for buf in bufs:
+            for i in range(-1, n + 2):
+                assert c._colons(buf, i, portable) == _colon_bits(buf, i), (buf, i, portable)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.integers(0, 199), max_size=6), st.integers(0, 200))
+def test_colon_bits_random(raw: bytes, colons: list[int], start: int) -> None:
+    c = _colon_finder()
+    buf = bytearray(raw)
+    for p in colons:
+        if p < len(buf):
+            buf[p] = 0x3A
+    data = bytes(buf)
+    assert c._colons(data, start) == c._colons(data, start, True) == _colon_bits(data, start)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from([*_ATOMS, b"\t", b"object", b"role", b"e", b"t", b"x" * 13]), max_size=80))
+def test_twins_agree_on_long_reads(parts: list[bytes]) -> None:
+    """Reads longer than a 16-byte block, with keys and colons across every block boundary."""
+    py, c = _twins()
+    buf = b"".join(parts)
+    assert c.sse_scan(buf) == py.sse_scan(buf), buf
+
+
+def _chunk(content: bytes, spaced: bool = False) -> bytes:
+    sep = b'" : ' if spaced else b'":'
+    return (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m",'
+            b'"system_fingerprint":"fp","choices":[{"index":0,"delta":{"content' + sep + b'"' + content
+            + b'"},"logprobs":null,"finish_reason":null}]}\n\n')
+
+
+def test_twins_agree_on_every_cut_of_a_stream() -> None:
+    """A realistic stream (long events, a spaced key, an escaped key in a value, reasoning, a usage
+    object) cut at every length: each prefix, and each suffix, gives both twins the same scan."""
+    py, c = _twins()
+    body = (_chunk(b"") + b"".join(_chunk(b"tok%d " % i) for i in range(6)) + _chunk(b"x", spaced=True)
+            + _chunk(b'say \\"content\\":\\"y\\"') + b'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}\n\n'
+            + b'data: {"choices":[{"text":"t"}]}\r\n\r\n'
+            + b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}\n\ndata: [DONE]\n\n')
+    assert c.sse_scan(body) == py.sse_scan(body) == (10 << 2) | 3
+    for cut in range(len(body) + 1):
+        assert c.sse_scan(body[:cut]) == py.sse_scan(body[:cut]), cut
+        assert c.sse_scan(body[cut:]) == py.sse_scan(body[cut:]), cut
