@@ -270,6 +270,16 @@ cdef class SseClock:
     def itl(self):
         return [self._counts[i] for i in range(self._nb + 1)]
 
+    def add_to(self, list counts not None):
+        """The gap counts added into ``counts`` in place (see ssescan_py.SseClock.add_to): a C loop
+        over the buckets, Python arithmetic only for those that counted a gap."""
+        cdef int i
+        if len(counts) < self._nb + 1:
+            raise ValueError(f"{len(counts)} buckets for {self._nb + 1} counts")
+        for i in range(self._nb + 1):
+            if self._counts[i]:
+                counts[i] = counts[i] + self._counts[i]
+
     def feed(self, bytes buf not None):
         cdef long scan = _scan(PyBytes_AS_STRING(buf), PyBytes_GET_SIZE(buf))
         cdef long n = scan >> 2

@@ -102,7 +102,8 @@ class SseClock:
 
     ``feed(buf)`` returns :func:`sse_scan`'s result, plus :data:`KEEP` when the read may carry (part
     of) a usage object. ``events``, ``ttft`` (seconds from ``t0``, -1.0 before the first content
-    event), ``itl`` (one count per bucket of ``bounds``, plus one for +Inf), ``itl_sum``."""
+    event), ``itl`` (one count per bucket of ``bounds``, plus one for +Inf), ``itl_sum``;
+    ``add_to(counts)`` adds ``itl`` into a histogram's bucket list."""
 
     __slots__ = ("_open", "bounds", "events", "itl", "itl_sum", "t0", "t_last", "ttft")
 
@@ -133,6 +134,15 @@ class SseClock:
         keep = bool(scan & USAGE_OBJECT) or not scan & WHOLE or self._open
         self._open = not scan & WHOLE
         return scan | KEEP if keep else scan
+
+    def add_to(self, counts: list[int]) -> None:
+        """Add the body's gap counts into ``counts`` (a histogram's buckets: ``bounds`` and +Inf) in
+        place, once at the body's end; ValueError when ``counts`` has fewer buckets."""
+        if len(counts) < len(self.itl):
+            raise ValueError(f"{len(counts)} buckets for {len(self.itl)} counts")
+        for i, c in enumerate(self.itl):
+            if c:
+                counts[i] += c
 
 
 _WS = (32, 9, 13, 10)  # space, tab, CR, LF

@@ -150,10 +150,7 @@ class UsageTap:
         clock, st = self.clock, self.stats
         if clock is not None and st is not None:
             self.stats = None  # once
-            itl = st.itl
-            for i, c in enumerate(clock.itl):
-                if c:
-                    itl[i] += c
+            clock.add_to(st.itl)
             st.itl_sum += clock.itl_sum
 
     def _strip_slow(self, buf: bytes, end: bool) -> list[bytes]:

@@ -194,3 +194,38 @@ def test_twins_agree_on_every_cut_of_a_stream() -> None:
     for cut in range(len(body) + 1):
         assert c.sse_scan(body[:cut]) == py.sse_scan(body[:cut]), cut
         assert c.sse_scan(body[cut:]) == py.sse_scan(body[cut:]), cut
+
+
+_BOUNDS = (0.001, 0.01, 0.1, 1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([TOK, ROLE, USAGE, NULL_USAGE, b"data: [DONE]\n\n", TOK[:9], TOK[9:],
+                                          b'"content":"x"']), max_size=5), max_size=8))
+def test_sse_clock_twins_agree(reads: list[list[bytes]]) -> None:
+    """What does not depend on the clock: each read's flags, the events, the gap count (n content
+    events give n - 1 gaps however the reads group them), the first event's time once it came,
+    and add_to adding exactly the counts."""
+    py, c = _twins()
+    clocks = [py.SseClock(_BOUNDS, 0.0), c.SseClock(_BOUNDS, 0.0)]
+    for parts in reads:
+        buf = b"".join(parts)
+        assert clocks[0].feed(buf) == clocks[1].feed(buf), buf
+    for clock in clocks:
+        assert clock.events == clocks[0].events
+        assert sum(clock.itl) == max(clock.events - 1, 0)
+        assert len(clock.itl) == len(_BOUNDS) + 1
+        assert (clock.ttft >= 0) == (clock.events > 0)
+        counts = [7, 0, 1, 0, 2]
+        clock.add_to(counts)
+        assert counts == [a + b for a, b in zip([7, 0, 1, 0, 2], clock.itl, strict=True)]
+
+
+def test_sse_clock_add_to_refuses_too_few_buckets(ssescan: ModuleType) -> None:
+    clock = ssescan.SseClock(_BOUNDS, 0.0)
+    clock.feed(TOK * 3)
+    with pytest.raises(ValueError, match="buckets"):
+        clock.add_to([0] * len(_BOUNDS))
+    longer = [0] * (len(_BOUNDS) + 2)  # more buckets than counts: the first ones get them
+    clock.add_to(longer)
+    assert longer == [2, 0, 0, 0, 0, 0]
