@@ -228,15 +228,18 @@ class _Conn(_Compiled, asyncio.Protocol):
                 resp.on_read_end()
             self._fail_protocol(f"malformed response: {exc}")
             return
-        if payload and resp is not None and not self.msg_done:
-            resp.on_body(payload)
-        if body.done:
+        if not body.done:
+            if resp is not None:  # a stream's usual read: its payload and its end in one call
+                resp.on_read_end(payload if not self.msg_done else b"")
+        else:
+            if payload and resp is not None and not self.msg_done:
+                resp.on_body(payload)
             self.chunks = None
             if body.extra:
                 self.broken = True  # bytes after a complete response: never reuse
             self.on_message_complete()
-        if resp is not None:
-            resp.on_read_end()
+            if resp is not None:
+                resp.on_read_end()
         if self.msg_done:
             self._finish()
 

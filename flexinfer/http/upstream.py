@@ -254,10 +254,17 @@ class UpstreamResponse:
         else:
             batch.append(piece)
 
-    def on_read_end(self) -> None:
+    def on_read_end(self, piece: bytes = b"") -> None:
         """One upstream read is parsed: hand its pieces to the sink in one call; when the read
-        completed the body, the response is ended in the same call."""
+        completed the body, the response is ended in the same call. ``piece``: body bytes of the
+        read not given to :meth:`on_body` (the chunked decoder's payload: one call per read)."""
         batch = self._batch
+        if piece:
+            if batch is None and self._sink is not None:
+                batch = [piece]
+            else:  # buffered for read(), or after the pieces this read gave already
+                self.on_body(piece)
+                batch = self._batch
         if batch is None:
             return
         self._batch = None

@@ -10,8 +10,18 @@ import asyncio
 import pytest
 
 from flexinfer.http.client import UpstreamError, UpstreamPool
+from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.settings import UpstreamSettings
-from tests.http._support import HOST, BackendConn, RawBackend, read_request, until
+from tests.http._support import (
+    HOST,
+    BackendConn,
+    RawBackend,
+    RecordingHandler,
+    parse_responses,
+    read_request,
+    serve,
+    until,
+)
 
 FAST = UpstreamSettings(connect_timeout=1.0, response_timeout=2.0, stream_idle_timeout=2.0,
                         pool_idle_timeout=2.0)
@@ -130,4 +140,42 @@ async def test_head_request_with_chunked_answer_is_not_cut() -> None:
         pool = UpstreamPool(HOST, backend.port, FAST)
         resp = await pool.request("HEAD", "/", [], b"")
         assert resp.status == 200 and await resp.read() == b""
+        await pool.close()
+
+
+_EVENTS = [b"data: %d\n\n" % i for i in range(6)]
+_FRAMED = [b"%x\r\n%b\r\n" % (len(e), e) for e in _EVENTS]
+
+
+@pytest.mark.parametrize("writes", [
+    [HEAD + _FRAMED[0], *_FRAMED[1:], b"0\r\n\r\n"],  # an event per read, the end alone
+    [HEAD, _FRAMED[0] + _FRAMED[1], _FRAMED[2][:3], _FRAMED[2][3:] + _FRAMED[3], b"".join(_FRAMED[4:]) + b"0\r\n\r\n"],
+    [HEAD + b"".join(_FRAMED[:3]), b"".join(_FRAMED[3:]) + b"0\r\n\r\n"],
+], ids=["event-per-read", "cut-anywhere", "bursts"])
+async def test_a_relayed_stream_reaches_the_client_whole_and_in_order(writes: list[bytes]) -> None:
+    """Relayed as the proxy relays (``UpstreamResponse.relay`` into a ResponseWriter): each read's
+    payload goes to the client in its read's one call, a read of framing only sends nothing, and
+    the client gets every event once, in order, then the end; the connection goes back to the pool."""
+    async with RawBackend(backend_writes(writes)) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        relayed: list[int] = []
+        owned: list[bool] = []
+
+        async def forward(req: Request, resp: ResponseWriter) -> None:
+            up = await pool.request("GET", "/", [], b"")
+            owned.append(up._conn is not None and up._conn.chunks is not None)
+            resp.start(up.status, [(b"content-type", b"text/event-stream")], up.content_length)
+            relayed.append(await up.relay(resp))
+
+        handler = RecordingHandler()
+        handler.upstream = forward
+        async with serve(handler) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            raw = await asyncio.wait_for(reader.read(-1), 5.0)
+            writer.close()
+        [resp] = parse_responses(raw)
+        assert resp.complete and resp.body == b"".join(_EVENTS)
+        assert relayed == [len(resp.body)] and owned == [True]
+        assert await until(lambda: pool.idle == 1, 2.0)
         await pool.close()
