@@ -11,6 +11,7 @@ import pytest
 
 from flexinfer.http.client import UpstreamError, UpstreamPool
 from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.http.upstream import UpstreamResponse
 from flexinfer.settings import UpstreamSettings
 from tests.http._support import (
     HOST,
@@ -45,11 +46,15 @@ def backend_writes(*responses: list[bytes]):  # type: ignore[no-untyped-def]
     return script
 
 
+def decoder_reads(resp: UpstreamResponse) -> bool:
+    """Whether the response's body is read by the decoder (not httptools) after its head."""
+    return getattr(resp._conn, "chunks", None) is not None
+
+
 async def read_body(pool: UpstreamPool, path: str = "/") -> tuple[bytes, bool]:
     """The body, and whether the decoder (not httptools) read it after the head."""
     resp = await pool.request("GET", path, [], b"")
-    conn = resp._conn
-    owned = conn is not None and conn.chunks is not None
+    owned = decoder_reads(resp)
     pieces = []
     while True:
         piece = await resp.read()
@@ -163,7 +168,7 @@ async def test_a_relayed_stream_reaches_the_client_whole_and_in_order(writes: li
 
         async def forward(req: Request, resp: ResponseWriter) -> None:
             up = await pool.request("GET", "/", [], b"")
-            owned.append(up._conn is not None and up._conn.chunks is not None)
+            owned.append(decoder_reads(up))
             resp.start(up.status, [(b"content-type", b"text/event-stream")], up.content_length)
             relayed.append(await up.relay(resp))
 
