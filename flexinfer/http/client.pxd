@@ -8,7 +8,7 @@ cdef class _Compiled:
 cdef class _Conn(_Compiled):
     cdef public object broken, checked_out, chunks, close_delimited, cut, expect_response, hdr_bytes, head_due
     cdef public object head_only, head_raw, headers, idle_since, idle_watch, in_head, interim, keep_alive, last_rx
-    cdef public object loop, lost, msg_done, on_head, parser, parser_spent, paused, poller, pool, resp, reused, rx
+    cdef public object loop, lost, msg_done, on_head, parser, paused, poller, pool, resp, reused, rx
     cdef public object timer, timer_at, transport, waiter
 
 cdef class UpstreamPool:

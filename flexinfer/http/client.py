@@ -96,8 +96,8 @@ class _Conn(_Compiled, asyncio.Protocol):
     __slots__ = (
         "broken", "checked_out", "chunks", "close_delimited", "cut", "expect_response", "hdr_bytes", "head_due",
         "head_only", "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
-        "loop", "lost", "msg_done", "on_head", "parser", "parser_spent", "paused", "poller", "pool", "resp", "reused",
-        "rx", "timer", "timer_at", "transport", "waiter",
+        "loop", "lost", "msg_done", "on_head", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
+        "timer_at", "transport", "waiter",
     )
 
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
@@ -135,7 +135,6 @@ class _Conn(_Compiled, asyncio.Protocol):
         #: the chunked body being read without httptools (see data_received), or None
         self.chunks: ChunkedBody | None = None
         self.cut = False  # httptools is being fed a head that ends the read it came in
-        self.parser_spent = False  # httptools was left inside a body: a new parser for the next exchange
 
     # ---- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -228,11 +227,12 @@ class _Conn(_Compiled, asyncio.Protocol):
                 resp.on_read_end()
             self._fail_protocol(f"malformed response: {exc}")
             return
+        # (msg_done is False here: only the end of this body, below, sets it while the decoder reads)
         if not body.done:
             if resp is not None:  # a stream's usual read: its payload and its end in one call
-                resp.on_read_end(payload if not self.msg_done else b"")
+                resp.on_read_end(payload)
         else:
-            if payload and resp is not None and not self.msg_done:
+            if payload and resp is not None:
                 resp.on_body(payload)
             self.chunks = None
             if body.extra:
@@ -308,7 +308,9 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.resp = resp
         if self.cut and chunked and not no_body:  # the head ends the bytes httptools got: the body is ours
             self.chunks = ChunkedBody(self.pool._settings.max_response_header_bytes)
-            self.parser_spent = True
+            # httptools would wait inside this body: the next exchange gets a fresh parser (the one
+            # running this callback finishes its feed, which ends with the head, and is dropped)
+            self.parser = httptools.HttpResponseParser(self)
         self.head_due = 0.0
         waiter = self.waiter
         self.waiter = None
@@ -357,10 +359,6 @@ class _Conn(_Compiled, asyncio.Protocol):
         calls :meth:`abandon` when it is cancelled meanwhile."""
         if self.lost or self.transport.is_closing():
             raise _NotSent()
-        if self.parser_spent:  # the last body was read without httptools, which still waits inside it
-            self.parser_spent = False
-            self.chunks = None
-            self.parser = httptools.HttpResponseParser(self)
         loop = self.loop
         waiter: asyncio.Future[UpstreamResponse] = loop.create_future()
         self.waiter = waiter
