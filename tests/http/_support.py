@@ -16,9 +16,12 @@ from flexinfer.errors import FlexInferError, Unauthorized
 from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
 from flexinfer.http.responses import sse_event
 from flexinfer.http.server import HTTPServer
-from flexinfer.settings import HTTPSettings, with_changes
+from flexinfer.settings import HTTPSettings, UpstreamSettings, with_changes
 
 HOST = "127.0.0.1"
+#: upstream timeouts scaled down so that a test of the pool and its connections ends in seconds
+FAST_UPSTREAM = UpstreamSettings(connect_timeout=1.0, response_timeout=2.0, stream_idle_timeout=2.0,
+                                 pool_idle_timeout=2.0)
 
 
 def fast_settings(**changes: object) -> HTTPSettings:

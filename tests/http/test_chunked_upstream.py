@@ -12,8 +12,8 @@ import pytest
 from flexinfer.http.client import UpstreamError, UpstreamPool
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.http.upstream import UpstreamResponse
-from flexinfer.settings import UpstreamSettings
 from tests.http._support import (
+    FAST_UPSTREAM,
     HOST,
     BackendConn,
     RawBackend,
@@ -24,8 +24,6 @@ from tests.http._support import (
     until,
 )
 
-FAST = UpstreamSettings(connect_timeout=1.0, response_timeout=2.0, stream_idle_timeout=2.0,
-                        pool_idle_timeout=2.0)
 HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
 
 
@@ -71,7 +69,7 @@ async def test_a_stream_is_read_by_the_decoder_and_the_connection_reused() -> No
     writes = [HEAD + b"%x\r\n%b\r\n" % (len(events[0]), events[0])]
     writes += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
     async with RawBackend(backend_writes(writes)) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         for _ in range(3):
             body, owned = await read_body(pool)
             assert body == b"".join(events) and owned
@@ -83,7 +81,7 @@ async def test_a_whole_body_in_the_head_s_read_and_a_content_length_response_aft
     writes_a = [HEAD + b"3\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"]
     writes_b = [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nplain"]
     async with RawBackend(backend_writes(writes_a, writes_b)) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         assert (await read_body(pool))[0] == b"abcde"
         assert pool.idle == 1
         body, owned = await read_body(pool)
@@ -100,7 +98,7 @@ async def test_a_whole_body_in_the_head_s_read_and_a_content_length_response_aft
 ], ids=["head-in-pieces", "interim-first", "body-cut-anywhere", "upper-case"])
 async def test_every_shape_reads_the_same(writes: list[bytes]) -> None:
     async with RawBackend(backend_writes(writes)) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         for _ in range(2):
             assert (await read_body(pool))[0] == b"abc"
         assert len(backend.conns) == 1 and pool.idle == 1
@@ -110,7 +108,7 @@ async def test_every_shape_reads_the_same(writes: list[bytes]) -> None:
 async def test_bytes_after_the_last_chunk_end_the_body_and_the_connection() -> None:
     writes = [HEAD + b"2\r\nhi\r\n", b"0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison"]
     async with RawBackend(backend_writes(writes)) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         assert await read_body(pool) == (b"hi", True)
         assert pool.idle == 0
         assert (await read_body(pool))[0] == b"hi"  # a fresh connection, not the poisoned bytes
@@ -127,7 +125,7 @@ async def test_broken_framing_in_a_later_read_is_a_protocol_error(bad: bytes) ->
         await backend_writes(writes)(reader, writer, conn)
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         assert await resp.read() == b"hi"
         with pytest.raises(UpstreamError) as ei:
@@ -142,7 +140,7 @@ async def test_broken_framing_in_a_later_read_is_a_protocol_error(bad: bytes) ->
 async def test_head_request_with_chunked_answer_is_not_cut() -> None:
     """A HEAD's response has no body whatever it says: nothing is handed to a decoder."""
     async with RawBackend(backend_writes([HEAD])) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("HEAD", "/", [], b"")
         assert resp.status == 200 and await resp.read() == b""
         await pool.close()
@@ -162,7 +160,7 @@ async def test_a_relayed_stream_reaches_the_client_whole_and_in_order(writes: li
     payload goes to the client in its read's one call, a read of framing only sends nothing, and
     the client gets every event once, in order, then the end; the connection goes back to the pool."""
     async with RawBackend(backend_writes(writes)) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         relayed: list[int] = []
         owned: list[bool] = []
 

@@ -27,6 +27,7 @@ from flexinfer.http.client import (
 from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
 from flexinfer.settings import UpstreamSettings
 from tests.http._support import (
+    FAST_UPSTREAM,
     HOST,
     BackendConn,
     RawBackend,
@@ -37,9 +38,6 @@ from tests.http._support import (
     serve,
     until,
 )
-
-FAST = UpstreamSettings(connect_timeout=1.0, response_timeout=2.0, stream_idle_timeout=2.0,
-                        pool_idle_timeout=2.0)
 
 
 def ok_response(body: bytes, extra: bytes = b"") -> bytes:
@@ -57,7 +55,7 @@ async def echo_script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 async def test_reuse_keepalive_connection() -> None:
     async with RawBackend(echo_script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         for i in range(3):
             resp = await pool.request("POST", "/v1/x", [(b"content-type", b"application/json")], b"%d" % i)
             assert resp.status == 200
@@ -80,7 +78,7 @@ async def test_cancelled_while_waiting_for_the_head_closes_the_connection() -> N
         await read_request(reader)
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         task = asyncio.ensure_future(pool.request("GET", "/slow", [], b""))
         await until(lambda: len(backend.conns) == 1 and b"/slow" in backend.conns[0].captured)
         task.cancel()
@@ -105,7 +103,7 @@ async def test_read_pieces_and_end() -> None:
         await read_request(reader)
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         assert resp.chunked and resp.content_length is None
         assert (b"x-up", b"1") in resp.headers
@@ -129,7 +127,7 @@ async def test_interim_1xx_skipped_close_delimited_and_204() -> None:
         writer.close()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         assert resp.status == 204 and await resp.read_all(10) == b""
         resp = await pool.request("GET", "/", [], b"")
@@ -140,7 +138,7 @@ async def test_interim_1xx_skipped_close_delimited_and_204() -> None:
 
 
 async def test_connect_refused_not_sent() -> None:
-    pool = UpstreamPool(HOST, free_port(), FAST)
+    pool = UpstreamPool(HOST, free_port(), FAST_UPSTREAM)
     with pytest.raises(UpstreamConnectError) as ei:
         await pool.request("GET", "/", [], b"")
     assert ei.value.sent is False and ei.value.reason == "connect_refused"
@@ -168,7 +166,7 @@ async def test_response_timeout() -> None:
         await reader.read()  # never answers; returns when the client goes
 
     async with RawBackend(blackhole) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         t0 = time.monotonic()
         with pytest.raises(UpstreamTimeout) as ei:
             await pool.request("POST", "/", [], b"{}", response_timeout=0.3)
@@ -211,7 +209,7 @@ async def test_mid_body_failure(how: str) -> None:
         writer.transport.abort() if how == "rst" else writer.close()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         assert await resp.read() == b"partial"
         with pytest.raises(UpstreamError) as ei:
@@ -234,7 +232,7 @@ async def test_no_reuse_after_error_or_abandoned_body() -> None:
             await writer.drain()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         with pytest.raises(UpstreamError) as ei:
             await pool.request("GET", "/bad", [], b"")
         assert ei.value.reason == "protocol"
@@ -273,7 +271,7 @@ async def test_malformed_upstream_response_is_protocol_error(name: str, raw: byt
         await reader.read()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         with pytest.raises(UpstreamError) as ei:
             resp = await pool.request("GET", "/", [], b"")
             await resp.read_all(1 << 20)
@@ -290,7 +288,7 @@ async def test_extra_bytes_after_body_dropped_and_not_reused() -> None:
         await reader.read()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         assert await resp.read_all(100) == b"hi"
         assert pool.idle == 0
@@ -321,7 +319,7 @@ def _idle_out_on_second_request(answer: bytes) -> Any:
 @pytest.mark.parametrize("method", ["GET", "OPTIONS"])  # (a HEAD exchange is never pooled: see _Conn)
 async def test_keepalive_race_replays_a_safe_method_once_on_a_fresh_connection(method: str) -> None:
     async with RawBackend(_idle_out_on_second_request(b"first")) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request(method, "/", [], b"")
         await resp.read_all(100)
         resp = await pool.request(method, "/", [], b"")
@@ -333,7 +331,7 @@ async def test_keepalive_race_replays_a_safe_method_once_on_a_fresh_connection(m
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
 async def test_keepalive_race_never_writes_other_methods_twice(method: str) -> None:
     async with RawBackend(_idle_out_on_second_request(b"first")) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request(method, "/", [], b"x")
         assert await resp.read_all(100) == b"first"
         with pytest.raises(UpstreamError) as ei:
@@ -376,7 +374,7 @@ async def test_pooled_connection_with_pending_eof_is_not_reused() -> None:
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
-        pool = UpstreamPool(HOST, port, dataclasses.replace(FAST, pool_check_after=0.0))
+        pool = UpstreamPool(HOST, port, dataclasses.replace(FAST_UPSTREAM, pool_check_after=0.0))
         resp = await pool.request("POST", "/", [], b"x")
         assert await resp.read_all(100) == b"ok0"
         conn = pool._idle[-1]
@@ -400,7 +398,7 @@ async def test_fresh_connection_failure_is_never_retried() -> None:
         await read_request(reader)  # reads the POST, then drops it without a byte of response
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         with pytest.raises(UpstreamError) as ei:
             await pool.request("POST", "/", [], b"{}")
         assert ei.value.sent is True and ei.value.reason in ("closed", "reset")
@@ -416,7 +414,7 @@ async def test_reused_then_fresh_failure_gives_up_after_one_retry() -> None:
             await read_request(reader)
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         await resp.read_all(100)
         with pytest.raises(UpstreamError) as ei:
@@ -435,7 +433,7 @@ async def test_partial_response_on_reused_connection_not_retried() -> None:
         await writer.drain()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         await (await pool.request("GET", "/", [], b"")).read_all(100)
         with pytest.raises(UpstreamError):
             await pool.request("GET", "/", [], b"")
@@ -485,7 +483,7 @@ async def test_read_all_limit() -> None:
         await reader.read()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         with pytest.raises(UpstreamError):
             await resp.read_all(1000)
@@ -523,7 +521,7 @@ def expected_headers(headers: list[tuple[bytes, bytes]], host: bytes, body: byte
 
 async def test_wire_bytes_are_canonical_h11_oracle() -> None:
     async with RawBackend(echo_script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         given_headers = [
             (b"Content-Type", b"application/json"), (b"connection", b"keep-alive, X-Secret"),
             (b"x-secret", b"hop"), (b"TE", b"trailers"), (b"Upgrade", b"h2c"), (b"keep-alive", b"300"),
@@ -545,7 +543,7 @@ async def test_wire_bytes_are_canonical_h11_oracle() -> None:
 async def test_server_to_client_forwarding_is_canonical() -> None:
     """A client request through the real server and the pool: the upstream sees canonical bytes."""
     async with RawBackend(echo_script) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         handler = RecordingHandler()
 
         async def forward(req: Request, resp: ResponseWriter) -> None:
@@ -644,7 +642,7 @@ async def test_relay_backpressure_slow_reader() -> None:
             progress["sent"] += 65536
 
     async with RawBackend(big) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         events: list[str] = []
         async with serve(_relay_handler(pool, events)) as server:
             sock = socket.socket()
@@ -681,7 +679,7 @@ async def test_client_disconnect_closes_upstream_and_relay_raises_client_gone() 
             await asyncio.sleep(0.02)
 
     async with RawBackend(sse) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         events: list[str] = []
         async with serve(_relay_handler(pool, events)) as server:
             reader, writer = await asyncio.open_connection(HOST, server.port)
@@ -704,7 +702,7 @@ async def test_relay_upstream_failure_leaves_writer_to_caller() -> None:
         await asyncio.sleep(0.05)
 
     async with RawBackend(dies) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST)
+        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         events: list[str] = []
         async with serve(_relay_handler(pool, events)) as server:
             from tests.http._support import exchange
@@ -740,7 +738,7 @@ async def test_a_connection_reused_at_once_is_not_polled() -> None:
             await writer.drain()
 
     async with RawBackend(script) as backend:
-        pool = UpstreamPool(HOST, backend.port, dataclasses.replace(FAST, pool_check_after=0.5))
+        pool = UpstreamPool(HOST, backend.port, dataclasses.replace(FAST_UPSTREAM, pool_check_after=0.5))
         for _ in range(3):
             resp = await pool.request("POST", "/", [], b"x")
             await resp.read_all(100)
