@@ -30,6 +30,31 @@ class BodySink:
         self.done = True
 
 
+def split_reads(wire: bytes, cuts: list[int]) -> list[bytes]:
+    """``wire`` cut into reads at ``cuts`` (each taken modulo ``len(wire) + 1``; no empty reads)."""
+    points = sorted({c % (len(wire) + 1) for c in cuts})
+    reads, last = [], 0
+    for p in [*points, len(wire)]:
+        reads.append(wire[last:p])
+        last = p
+    return [r for r in reads if r]
+
+
+def chunked_reads(mod: ModuleType, reads: list[bytes], max_line: int = 4096) -> tuple[str, bytes, bool, int]:
+    """("ok" | "error", the payload so far, whether the body ended, bytes after the end) of
+    ``mod.ChunkedBody`` (a bodyframe twin) fed ``reads`` one by one."""
+    dec = mod.ChunkedBody(max_line)
+    got = []
+    for r in reads:
+        try:
+            got.append(dec.feed(r))
+        except mod.FramingError:
+            return "error", b"".join(got), dec.done, dec.extra
+        if dec.done:
+            break
+    return "ok", b"".join(got), dec.done, dec.extra
+
+
 def load(name: str, impl: str) -> ModuleType:
     """The ``impl`` twin of primitive ``name``, or skip the test with the reason."""
     if impl == "c" and _speedups.NO_EXTENSIONS:
