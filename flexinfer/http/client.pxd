@@ -1,16 +1,26 @@
 # The compiled build of client.py: the upstream connection and its pool as extension types (their
 # attributes in C slots: every parsed header, every checkout and checkin reads them). The .py is the
-# pure twin; every slot is a public object, so semantics and visibility are the source's. Keep each
-# list equal to the class's __slots__ (tests/test_compiled.py).
+# pure twin; slots are public, so visibility is the source's. Keep each list equal to the class's
+# __slots__ (tests/test_compiled.py).
+# A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
+# other value (TypeError) where the source would take it; only that type is ever stored there.
+cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
+
 cdef class _Compiled:
     pass
 
+cdef class UpstreamPool
+
 cdef class _Conn(_Compiled):
     cdef public object broken, checked_out, chunks, close_delimited, cut, expect_response, hdr_bytes, head_due
-    cdef public object head_only, head_raw, headers, idle_since, idle_watch, in_head, interim, keep_alive, last_rx
-    cdef public object loop, lost, msg_done, on_head, parser, paused, poller, pool, resp, reused, rx
+    cdef public list headers
+    cdef public object head_only, head_raw, idle_since, idle_watch, in_head, interim, keep_alive, last_rx
+    cdef public object loop, lost, msg_done, on_head, parser, paused, poller, reused, rx
+    cdef public UpstreamPool pool
+    cdef public _upstream_t.UpstreamResponse resp
     cdef public object timer, timer_at, transport, waiter
 
 cdef class UpstreamPool:
-    cdef public object _closed, _host_line, _idle, _name, _settings, _sni, _ssl, _sweep_handle, active, host
+    cdef public list _idle
+    cdef public object _closed, _host_line, _name, _settings, _sni, _ssl, _sweep_handle, active, host
     cdef public object port

@@ -573,7 +573,7 @@ class UpstreamPool:
         limit = self._settings.pool_idle_timeout
         check_after = self._settings.pool_check_after
         while idle:
-            conn = idle.pop()
+            conn: _Conn = idle.pop()
             if conn.lost or conn.transport.is_closing():
                 continue
             idle_for = now - conn.idle_since

@@ -1,11 +1,15 @@
 # The compiled build of protocol.py: HttpProtocol as an extension type (attributes in C slots, not
-# dict lookups). The .py is the pure twin; every attribute is a public object, so semantics and
-# visibility are the source's. Declared: its __slots__ less those its base Closing declares
-# (closing.pxd). tests/test_compiled.py keeps these lists equal to the source's.
+# dict lookups). The .py is the pure twin; slots are public, so visibility is the source's. Declared:
+# its __slots__ less those its base Closing declares (closing.pxd). tests/test_compiled.py keeps
+# these lists equal to the source's.
+# A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
+# other value (TypeError) where the source would take it; only that type is ever stored there.
 from flexinfer.http.closing cimport Closing
+cimport flexinfer.http.request as _request_t  # typed slots only: the .py re-exports Request, ResponseWriter
 
 cdef class HttpProtocol(Closing):
     cdef public object _body_len, _body_limit, _body_parts, _cb_exc, _chunk_mark, _chunk_min, _chunk_slice_min
     cdef public object _continue, _feed_len, _handler, _head_limit, _headers, _length, _max_hdr_bytes
-    cdef public object _max_headers, _max_url, _parser, _peer, _pending, _phase, _queue, _raw, _req, _server
+    cdef public object _max_headers, _max_url, _parser, _peer, _pending, _phase, _queue, _raw, _server
     cdef public object _tail, _url, _url_len, _write_wait
+    cdef public _request_t.Request _req

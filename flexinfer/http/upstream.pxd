@@ -1,7 +1,13 @@
-# The compiled build of upstream.py: UpstreamResponse as extension type (attributes in C
-# slots, not dict lookups). The .py is the pure twin; every slot is a public object, so semantics and
-# visibility are the source's. Keep each list equal to the class's __slots__ (tests/test_compiled.py).
+# The compiled build of upstream.py: UpstreamResponse as extension type (attributes in C slots, not
+# dict lookups). The .py is the pure twin; slots are public, so visibility is the source's. Keep the
+# list equal to the class's __slots__ (tests/test_compiled.py).
+# A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
+# other value (TypeError) where the source would take it; only that type is ever stored there.
+from flexinfer.http.flow cimport FlowControl
+cimport flexinfer.http.request as _request_t  # a typed slot only (upstream.py imports ResponseWriter for typing only)
+
 cdef class UpstreamResponse:
     cdef public object _attached, _batch, _buffered, _client_gone, _conn, _done_arg, _done_cb, _eof, _error
-    cdef public object _high, _loop, _pieces, _relayed, _sink, _sink_error, _waiter, chunked, content_length
+    cdef public object _high, _loop, _pieces, _relayed, _sink_error, _waiter, chunked, content_length
     cdef public object headers, status, tap
+    cdef public _request_t.ResponseWriter _sink

@@ -424,7 +424,7 @@ class UpstreamResponse:
         if (self._sink is not None or self._pieces or self._eof or self._error is not None
                 or self._conn is None or not writer.started or writer.disconnected):
             return False
-        flow = writer.flow
+        flow: FlowControl = writer.flow
         self._relayed = 0
         self._sink = writer
         self._attached = True

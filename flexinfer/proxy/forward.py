@@ -18,12 +18,14 @@ from typing import Any
 import orjson
 
 from flexinfer import errors
-from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamError, UpstreamResponse
-from flexinfer.http.protocol import ClientGone, Request, ResponseWriter
+from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamError
+from flexinfer.http.protocol import ClientGone
+from flexinfer.http.request import Request, ResponseWriter
 from flexinfer.http.responses import sse_event
+from flexinfer.http.upstream import UpstreamResponse
 from flexinfer.proxy.context import RequestContext
 from flexinfer.proxy.disagg import Disagg
-from flexinfer.proxy.metrics import ProxyMetrics
+from flexinfer.proxy.metrics import ModelStats, ProxyMetrics
 from flexinfer.proxy.retrybudget import RetryBudget
 from flexinfer.proxy.routing import Router
 from flexinfer.proxy.tracing import Tracer
@@ -261,7 +263,7 @@ class Forwarder:
         self.metrics.count(view.name, up.status)
 
     def _answer(self, up: UpstreamResponse, resp: ResponseWriter, ctx: RequestContext, ep: Endpoint,
-                strategy: str, source: str, stats: Any) -> bool:
+                strategy: str, source: str, stats: ModelStats) -> bool:
         """The upstream head is in: release the replica when the body is complete (before the client
         has the last byte, so a session's next request finds it idle), tap the body for its usage
         under token limits, start the client's response (unless an SSE answer is open already) and
@@ -290,7 +292,7 @@ class Forwarder:
     async def forward(self, req: Request, resp: ResponseWriter, ctx: RequestContext, view: ModelView,
                       data: dict[str, Any] | None, body: bytes) -> None:
         metrics = self.metrics
-        stats = metrics.model(view.name)
+        stats: ModelStats = metrics.model(view.name)
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
         begun = False  # the head callback answered the client already (_Begin)
@@ -340,7 +342,7 @@ class Forwarder:
             stats.in_flight -= 1
 
 
-def _account(tap: UsageTap, ctx: RequestContext, stats: Any) -> None:
+def _account(tap: UsageTap, ctx: RequestContext, stats: ModelStats) -> None:
     """The request's tokens and TTFT, from its tap, into its context and its model's counters."""
     ctx.ttft = tap.ttft
     tap.finish()
@@ -388,7 +390,7 @@ class _Begin:
 
     __slots__ = ("ctx", "ep", "fwd", "resp", "source", "stats", "strategy", "up")
 
-    def __init__(self, fwd: Forwarder, resp: ResponseWriter, ctx: RequestContext, stats: Any) -> None:
+    def __init__(self, fwd: Forwarder, resp: ResponseWriter, ctx: RequestContext, stats: ModelStats) -> None:
         self.fwd = fwd
         self.resp = resp
         self.ctx = ctx

@@ -3,6 +3,11 @@
 # tracing and the access log replace handle/on_headers there). The .py is the pure twin; every slot
 # is a public object, so semantics and visibility are the source's. Keep the list equal to the
 # class's __slots__ (tests/test_compiled.py).
+# The cimports type the arguments and locals the .py annotates with these classes (forward.pxd says
+# what that changes).
+from flexinfer.http.request cimport Request, ResponseWriter
+from flexinfer.proxy.context cimport RequestContext
+
 cdef class ProxyHandler:
     cdef dict __dict__
     cdef public object _ask_usage, _key_ids, _open, access_log, activator, admin, auth, forwarder, inventory

@@ -20,7 +20,7 @@ import orjson
 from flexinfer import errors
 from flexinfer.errors import FlexInferError
 from flexinfer.http.client import Pools
-from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.http.request import Request, ResponseWriter
 from flexinfer.http.server import HTTPServer
 from flexinfer.proxy import accesslog, debugview, extract, tracing, usage
 from flexinfer.proxy.activation import Activator

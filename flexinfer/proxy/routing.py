@@ -339,25 +339,26 @@ class Router:
         return self.load.snapshot()
 
     def _state(self, view: ModelView) -> _ModelState:
-        st = self._models.get(view.name)
+        st: _ModelState | None = self._models.get(view.name)
         if st is None:
             st = self._models[view.name] = _ModelState()
-        if st.endpoints is not view.endpoints and st.endpoints != view.endpoints:
-            gone = set(st.by_key) - {e.key for e in view.endpoints}
-            st.ring.set_nodes([e.key for e in view.endpoints])  # applies the diff
+        eps = view.endpoints
+        if st.endpoints is not eps and st.endpoints != eps:
+            gone = set(st.by_key) - {e.key for e in eps}
+            st.ring.set_nodes([e.key for e in eps])  # applies the diff
             st.ring_nodes = tuple(st.ring.nodes)
-            st.by_key = {e.key: e for e in view.endpoints}
-            st.keys = [e.key for e in view.endpoints]
+            st.by_key = {e.key: e for e in eps}
+            st.keys = [e.key for e in eps]
             for key in gone:
                 if not any(key in s.by_key for s in self._models.values()):
                     self.prefixes.forget(key)
-        st.endpoints = view.endpoints
+        st.endpoints = eps
         return st
 
     def pick(self, view: ModelView, data: dict[str, Any] | None, req: _Headers,
              exclude: frozenset[str] = frozenset()) -> tuple[Endpoint, str, str]:
         """(endpoint, strategy, key source) for one request; LookupError when none is left."""
-        st = self._state(view)
+        st: _ModelState = self._state(view)
         eps = view.endpoints
         if self.ejector is not None and len(eps) > 1:
             keys = st.keys

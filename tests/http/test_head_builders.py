@@ -108,16 +108,10 @@ def test_the_common_heads_take_the_one_pass() -> None:
     assert calls == [True, True]
 
 
-class _Req:
-    def __init__(self, headers: list[tuple[bytes, bytes]], peer: str = "10.1.2.3:5555") -> None:
-        self.headers = headers
-        self.peer = peer
-
-    def get(self, name: bytes) -> bytes | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+def _req(headers: list[tuple[bytes, bytes]], peer: str = "10.1.2.3:5555") -> Request:
+    """A real Request (the compiled forward types its argument: a stand-in is refused there)."""
+    return Request("POST", b"/v1/chat/completions", "/v1/chat/completions", "", "1.1", headers, True, peer,
+                   b"application/json")
 
 
 _LOWER = st.sampled_from([b"x-a", b"content-type", b"connection", b"keep-alive", b"host", b"authorization",
@@ -130,8 +124,7 @@ _LOWER = st.sampled_from([b"x-a", b"content-type", b"connection", b"keep-alive",
 @settings(max_examples=500, deadline=None)
 def test_upstream_headers_as_before(headers: list[tuple[bytes, bytes]], drop_auth: bool) -> None:
     """forward.upstream_headers (a verdict per name, remembered) against its rules written out."""
-    req = _Req(headers)
-    out = forward_mod.upstream_headers(req, b"rid", drop_auth)  # type: ignore[arg-type]
+    out = forward_mod.upstream_headers(_req(headers), b"rid", drop_auth)
     named = {t.strip().lower() for k, v in headers if k == b"connection" for t in v.split(b",")}
     expected = [(k, v) for k, v in headers
                 if k not in forward_mod._DROP_UP and k not in named and not k.startswith(b"x-flexinfer-")
@@ -143,4 +136,4 @@ def test_upstream_headers_as_before(headers: list[tuple[bytes, bytes]], drop_aut
 @pytest.mark.parametrize(("peer", "host"), [("10.1.2.3:5555", b"10.1.2.3"), ("[::1]:80", b"[::1]"),
                                             ("unix", b"unix")])
 def test_forwarded_for(peer: str, host: bytes) -> None:
-    assert forward_mod.upstream_headers(_Req([], peer), b"r", False)[-2] == (b"x-forwarded-for", host)  # type: ignore[arg-type]
+    assert forward_mod.upstream_headers(_req([], peer), b"r", False)[-2] == (b"x-forwarded-for", host)
