@@ -4,6 +4,8 @@
 # these lists equal to the source's.
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
+# cpdef: the methods it calls on itself per request (a C call there, a method from Python). Cython
+# refuses the declaration against a def whose arguments are annotated int (_feed_slice, _arm_body).
 from flexinfer.http.closing cimport Closing
 cimport flexinfer.http.request as _request_t  # typed slots only: the .py re-exports Request, ResponseWriter
 
@@ -13,3 +15,7 @@ cdef class HttpProtocol(Closing):
     cdef public object _max_headers, _max_url, _parser, _peer, _pending, _phase, _queue, _raw, _server
     cdef public object _tail, _url, _url_len, _write_wait
     cdef public _request_t.Request _req
+    cpdef _reset_message(self)
+    cpdef _next(self)
+    cpdef _start(self, req)
+    cpdef _feed(self, data)

@@ -3,6 +3,7 @@
 # Keep each list equal to the class's __slots__ (tests/test_compiled.py).
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
+# cpdef: methods the request path calls on a typed writer (a C call there, a method from Python).
 from flexinfer.http.flow cimport FlowControl
 
 cdef class Request:
@@ -13,3 +14,6 @@ cdef class ResponseWriter:
     cdef public object _proto, _remaining, _transport, _v10, client_abort, disconnected, finished
     cdef public FlowControl flow
     cdef public object keep_alive, sent, started, status, task
+    cpdef write(self, bytes data)
+    cpdef end(self)
+    cpdef cancel_on_disconnect(self)

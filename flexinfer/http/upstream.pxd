@@ -3,6 +3,7 @@
 # list equal to the class's __slots__ (tests/test_compiled.py).
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
+# cpdef: the steps the connection (each read) and the forwarder call (a C call from a typed caller).
 from flexinfer.http.flow cimport FlowControl
 cimport flexinfer.http.request as _request_t  # a typed slot only (upstream.py imports ResponseWriter for typing only)
 
@@ -11,3 +12,8 @@ cdef class UpstreamResponse:
     cdef public object _high, _loop, _pieces, _relayed, _sink_error, _waiter, chunked, content_length
     cdef public object headers, status, tap
     cdef public _request_t.ResponseWriter _sink
+    cpdef on_body(self, bytes piece)
+    cpdef on_read_end(self, bytes piece=*)
+    cpdef on_complete(self)
+    cpdef when_complete(self, cb, arg)
+    cpdef start_relay(self, writer)
