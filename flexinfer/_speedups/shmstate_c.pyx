@@ -542,42 +542,52 @@ cdef class SharedCounts(_Table):
         return self._add_slow(key, delta)
 
     # add when key has no valid record: move a stale count of it along, claim its slot, then
-    # move along a stale count of another key found there (see shmstate_py)
+    # move along a stale count of another key found there, at most _slots times (see shmstate_py)
     cdef int _add_slow(self, object key, int64_t delta) except -1:
         cdef int64_t* row = self._row
-        cdef int64_t carry = 0
-        cdef int64_t moved = 0
+        cdef int64_t carry
+        cdef int64_t moved
         cdef int64_t v
         cdef Py_ssize_t s
+        cdef Py_ssize_t moves = 0
         cdef uint64_t h
-        cdef PyObject* item = PyDict_GetItemWithError(self._cache, key)
-        if item != NULL:  # its slot was reclaimed: its count there goes with it
-            s = PyLong_AsSsize_t(<object>item)
-            carry = fi_ldi_relaxed(&row[s])
-            fi_sti_relaxed(&row[s], 0)
-            del self._cache[key]
-            self._owner[s] = None
-        h = _key_hash(key)
-        s = self._claim(h, 0)
-        other = self._owner[s]
-        if other is not None and other != key:
-            if self._expect[s] != h:  # another key's count, made before the slot was reclaimed
-                moved = fi_ldi_relaxed(&row[s])
+        cdef PyObject* item
+        while True:
+            carry = 0
+            moved = 0
+            item = PyDict_GetItemWithError(self._cache, key)
+            if item != NULL:  # its slot was reclaimed: its count there goes with it
+                s = PyLong_AsSsize_t(<object>item)
+                carry = fi_ldi_relaxed(&row[s])
                 fi_sti_relaxed(&row[s], 0)
-            # (else the two keys have one hash, hence one counter: it stays)
-            del self._cache[other]
-        self._owner[s] = key
-        self._expect[s] = h
-        self._cache[key] = s
-        if fi_add3(fi_ldi_relaxed(&row[s]), carry, delta, &v):
-            raise OverflowError("a counter must stay within int64")
-        fi_sti_relaxed(&row[s], v)
-        if moved != 0:
-            try:
-                self._add_slow(other, moved)
-            except TableFull:
-                pass  # no room for it: that count is dropped (see shmstate_py)
-        return 0
+                del self._cache[key]
+                self._owner[s] = None
+            h = _key_hash(key)
+            if moves:
+                try:
+                    s = self._claim(h, 0)
+                except TableFull:
+                    return 0  # no room for the moved count: it is dropped (see shmstate_py)
+            else:
+                s = self._claim(h, 0)
+            other = self._owner[s]
+            if other is not None and other != key:
+                if self._expect[s] != h:  # another key's count, made before the slot was reclaimed
+                    moved = fi_ldi_relaxed(&row[s])
+                    fi_sti_relaxed(&row[s], 0)
+                # (else the two keys have one hash, hence one counter: it stays)
+                del self._cache[other]
+            self._owner[s] = key
+            self._expect[s] = h
+            self._cache[key] = s
+            if fi_add3(fi_ldi_relaxed(&row[s]), carry, delta, &v):
+                raise OverflowError("a counter must stay within int64")
+            fi_sti_relaxed(&row[s], v)
+            if moved == 0 or other is None or moves == self._slots:
+                return 0
+            key = other
+            delta = moved
+            moves += 1
 
     def add(self, key, delta) -> None:
         """Add ``delta`` to this worker's counter of ``key``."""

@@ -108,7 +108,10 @@ SharedCounts
   counted in was reclaimed for another key (only while the slot's column summed to 0: its
   counter there was 0, or another row was negative, or in the race above), its next use of
   either key takes that count out of the slot and moves it to the old key's new slot; if no
-  slot can be claimed for it, that count is dropped.
+  slot can be claimed for it, that count is dropped. A move may displace a third key's count,
+  and so on: one ``add`` moves counts at most ``slots`` times, then drops the one in hand (two
+  keys whose slots stay reclaimable because another row cancels their counts would otherwise
+  take each other's slot forever).
 * ``get(key)``: the key's slot's sum over all rows, clamped at ``>= 0``; 0 for an unknown
   key; claims nothing. ``own(key)``: this worker's counter of ``key``. ``own_items()``: this
   worker's non-zero counters by key. ``totals()``: ``{key hash: sum}`` of every used slot with
@@ -575,37 +578,46 @@ class SharedCounts(_Table):
 
     def _add_slow(self, key: str, delta: int) -> None:
         """``add`` when ``key`` has no valid record (under the lock): move a stale count of it
-        along, claim its slot, then move along a stale count of another key found there."""
+        along, claim its slot, then move along a stale count of another key found there, and so
+        on, at most ``slots`` times: past that (counts of keys that take each other's slots in
+        turn, reclaimable because other rows cancel them) the count being moved is dropped."""
         if not isinstance(key, str):
             raise TypeError(f"a key must be a str, not {type(key).__name__}")
         counts = self._counts
         row = self._row
-        carry = 0
-        s = self._cache.get(key)
-        if s is not None:  # its slot was reclaimed: its count there goes with it
-            carry = counts[row + s]
-            counts[row + s] = 0
-            del self._cache[key]
-            self._owner[s] = None
-        h = key_hash(key)
-        s = self._claim(h, 0)
-        other = self._owner[s]
-        moved = 0
-        if other is not None and other != key:
-            if self._expect[s] != h:  # another key's count, made before the slot was reclaimed
-                moved = counts[row + s]
+        moves = 0
+        while True:
+            carry = 0
+            s = self._cache.get(key)
+            if s is not None:  # its slot was reclaimed: its count there goes with it
+                carry = counts[row + s]
                 counts[row + s] = 0
-            # (else the two keys have one hash, hence one counter: it stays)
-            del self._cache[other]
-        self._owner[s] = key
-        self._expect[s] = h
-        self._cache[key] = s
-        self._store(row + s, counts[row + s] + carry + delta)
-        if moved and other is not None:
-            try:
-                self._add_slow(other, moved)
-            except TableFull:
-                pass  # no room for it: that count is dropped (see the module doc)
+                del self._cache[key]
+                self._owner[s] = None
+            h = key_hash(key)
+            if moves:
+                try:
+                    s = self._claim(h, 0)
+                except TableFull:
+                    return  # no room for the moved count: it is dropped (see the module doc)
+            else:
+                s = self._claim(h, 0)
+            other = self._owner[s]
+            moved = 0
+            if other is not None and other != key:
+                if self._expect[s] != h:  # another key's count, made before the slot was reclaimed
+                    moved = counts[row + s]
+                    counts[row + s] = 0
+                # (else the two keys have one hash, hence one counter: it stays)
+                del self._cache[other]
+            self._owner[s] = key
+            self._expect[s] = h
+            self._cache[key] = s
+            self._store(row + s, counts[row + s] + carry + delta)
+            if not moved or other is None or moves == self._slots:
+                return
+            key, delta = other, moved
+            moves += 1
 
     def get(self, key: str) -> int:
         """In flight for ``key`` over all workers (``>= 0``; 0 when unknown); claims nothing."""

@@ -632,3 +632,48 @@ def test_a_hint_recorded_in_one_process_is_matched_in_another(shm: ModuleType, s
     assert struct.unpack_from("q", res) == (len(hashes),)
     with shm.SharedPrefixes(m, sets) as p:
         assert p.match_len(3, hashes) == len(hashes) and p.match_len(4, hashes) == 0
+
+
+# Found by test_counts_twins_agree (the compiled twin died of a stack overflow, the pure one raised
+# RecursionError): with slot 3's column cancelled by another row, two keys took each other's slot
+# in turn, each move displacing the other's count. A move chain now ends after ``slots`` moves.
+_PING_PONG = [
+    (1, "release", ("10.0.0.1:8000",)), (0, "release", ("k\ud800",)), (2, "add", ("10.0.0.1:8000", 1)),
+    (0, "add", ("b", -3)), (2, "release", ("a",)), (2, "release", ("k\ud800",)), (2, "release", ("é-ep",)),
+    (2, "release", ("10.0.0.1:8000",)), (1, "reset_worker", (1,)), (1, "add", ("k\ud800", 2)),
+    (1, "add", ("x" * 70, 3)), (2, "release", ("10.0.0.1:8000",)),
+]
+_REPLAY = """
+import json, sys
+from flexinfer._speedups import load
+m = load("shmstate", sys.argv[1])
+buf = bytearray(m.SharedCounts.size(5, 3))
+views = [m.SharedCounts(buf, 5, 3, w) for w in range(3)]
+out = []
+for w, method, args in json.loads(sys.argv[2]):
+    try:
+        out.append(["ok", repr(getattr(views[w], method)(*args))])
+    except Exception as exc:
+        out.append(["err", type(exc).__name__])
+print(json.dumps([out, buf.hex()]))
+"""
+
+
+def test_counts_moved_along_a_cycle_end(impl: str) -> None:
+    """Each twin in its own process (a stack overflow kills it): the replay ends, and both twins
+    leave the same results and bytes."""
+    import json
+    import subprocess
+    import sys
+
+    load("shmstate", impl)  # skips the compiled twin when it is off or not built
+    ops = json.dumps(_PING_PONG)
+    runs = {}
+    for twin in ("py", impl):
+        proc = subprocess.run([sys.executable, "-c", _REPLAY, twin, ops], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, (twin, proc.returncode, proc.stderr[-2000:])
+        runs[twin] = json.loads(proc.stdout)
+    assert runs["py"] == runs[impl]
+    results, _ = runs[impl]
+    assert [r[0] for r in results] == ["ok"] * len(_PING_PONG), results
