@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,14 +26,20 @@ REPORT = (
 )
 
 
-def report(no_ext: str | None) -> list:
+def run_json(code: str, no_ext: str | None) -> Any:
+    """What ``code`` prints as JSON, run in a fresh interpreter with ``FLEXINFER_NO_EXTENSIONS``
+    set to ``no_ext`` (unset: None)."""
     env = {k: v for k, v in os.environ.items() if k != "FLEXINFER_NO_EXTENSIONS"}
     if no_ext is not None:
         env["FLEXINFER_NO_EXTENSIONS"] = no_ext
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", REPORT], cwd=ROOT, env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60, check=True)
     return json.loads(out.stdout)
+
+
+def report(no_ext: str | None) -> list:
+    return run_json(REPORT, no_ext)  # type: ignore[no-any-return]
 
 
 def built() -> bool:
@@ -229,18 +236,8 @@ TYPED = (
 )
 
 
-def _typed(no_ext: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLEXINFER_NO_EXTENSIONS"}
-    if no_ext is not None:
-        env["FLEXINFER_NO_EXTENSIONS"] = no_ext
-    env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", TYPED], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=60, check=True)
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
-
-
 def test_the_source_takes_any_object_where_it_annotates_a_class() -> None:
-    assert _typed("1") == {"argument": "taken", "slot": "taken"}
+    assert run_json(TYPED, "1") == {"argument": "taken", "slot": "taken"}
 
 
 @pytest.mark.skipif(not built(), reason="request path not compiled; run `make ext`")
@@ -248,4 +245,4 @@ def test_the_build_types_what_the_pxd_types() -> None:
     """The .pxd's cimports type the annotated arguments (forward.pxd) and its typed slots their
     values (client.pxd): the build refuses a stand-in there. A cimport lost from a .pxd (the build
     then reads such an argument's attributes by name again, silently slower) fails here."""
-    assert _typed(None) == {"argument": "refused", "slot": "refused"}
+    assert run_json(TYPED, None) == {"argument": "refused", "slot": "refused"}
