@@ -6,13 +6,22 @@
 # then a C struct read): the build refuses another type there (TypeError), the source would take
 # it. So the .py imports each from the module that defines it (a cimported name is not a module
 # global: a re-export from another module would be lost).
+# The typed slots hold those classes (and Router, ProxyMetrics) or None; the build refuses others.
 from flexinfer.http.request cimport Request, ResponseWriter
 from flexinfer.http.upstream cimport UpstreamResponse
 from flexinfer.proxy.context cimport RequestContext
-from flexinfer.proxy.metrics cimport ModelStats
+from flexinfer.proxy.metrics cimport ModelStats, ProxyMetrics
+from flexinfer.proxy.routing cimport Router
 
 cdef class Forwarder:
-    cdef public object _explain, disagg, metrics, pools, retries, router, settings, tracer
+    cdef public object _explain, disagg, pools, retries, settings, tracer
+    cdef public ProxyMetrics metrics
+    cdef public Router router
 
 cdef class _Begin:
-    cdef public object ctx, ep, fwd, resp, source, stats, strategy, up
+    cdef public object ep, source, strategy
+    cdef public Forwarder fwd
+    cdef public ResponseWriter resp
+    cdef public RequestContext ctx
+    cdef public ModelStats stats
+    cdef public UpstreamResponse up

@@ -3,12 +3,19 @@
 # request; ProxyMetrics keeps a __dict__ for its other metrics). The .py is the pure
 # twin; every slot is a public object, so semantics and visibility are the source's. Keep each list
 # equal to the class's __slots__ (tests/test_compiled.py).
+# cpdef: the per-request calls of the forwarder (model, endpoint, observe_*): C calls from its
+# typed slots; count and decided stay def (their int and tuple annotations: Cython refuses the cpdef).
+
 cdef class EndpointStats:
     cdef public object created, duration, duration_sum
+    cpdef observe_duration(self, double seconds)
 
 cdef class ModelStats(EndpointStats):
     cdef public object completion_tokens, in_flight, itl, itl_sum, prompt_tokens, ttfb, ttfb_sum, ttft, ttft_sum
+    cpdef observe_ttfb(self, double seconds)
 
 cdef class ProxyMetrics:
     cdef dict __dict__
     cdef public object _decisions, _decisions_created, _endpoints, _models, _requests, _requests_created
+    cpdef model(self, str model)
+    cpdef endpoint(self, str model, str endpoint)
