@@ -563,13 +563,12 @@ cdef class SharedCounts(_Table):
                 del self._cache[key]
                 self._owner[s] = None
             h = _key_hash(key)
-            if moves:
-                try:
-                    s = self._claim(h, 0)
-                except TableFull:
-                    return 0  # no room for the moved count: it is dropped (see shmstate_py)
-            else:
+            try:
                 s = self._claim(h, 0)
+            except TableFull:
+                if moves:
+                    return 0  # no room for the moved count: it is dropped (see shmstate_py)
+                raise
             other = self._owner[s]
             if other is not None and other != key:
                 if self._expect[s] != h:  # another key's count, made before the slot was reclaimed

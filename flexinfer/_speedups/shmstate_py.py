@@ -595,13 +595,12 @@ class SharedCounts(_Table):
                 del self._cache[key]
                 self._owner[s] = None
             h = key_hash(key)
-            if moves:
-                try:
-                    s = self._claim(h, 0)
-                except TableFull:
-                    return  # no room for the moved count: it is dropped (see the module doc)
-            else:
+            try:
                 s = self._claim(h, 0)
+            except TableFull:
+                if moves:
+                    return  # no room for the moved count: it is dropped (see the module doc)
+                raise
             other = self._owner[s]
             moved = 0
             if other is not None and other != key:

@@ -359,7 +359,7 @@ class Router:
              exclude: frozenset[str] = frozenset()) -> tuple[Endpoint, str, str]:
         """(endpoint, strategy, key source) for one request; LookupError when none is left."""
         st: _ModelState = self._state(view)
-        eps = view.endpoints
+        eps = st.endpoints  # view.endpoints, as _state just set it
         if self.ejector is not None and len(eps) > 1:
             keys = st.keys
             usable = self.ejector.usable(keys)
