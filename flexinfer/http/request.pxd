@@ -4,6 +4,10 @@
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
 # cpdef: methods the request path calls on a typed writer (a C call there, a method from Python).
+# Py_ssize_t: a byte count kept as a C integer (only ints are stored there; an add per write is C
+# arithmetic). cython.locals types write's length local so that add stays C (annotated "int" in the
+# .py it would be a Python int: boxed, added, unboxed).
+cimport cython
 from flexinfer.http.flow cimport FlowControl
 
 cdef class Request:
@@ -13,7 +17,9 @@ cdef class ResponseWriter:
     cdef public object _callbacks, _cancel_task, _chunked, _close_delimited, _head_only, _pending_head
     cdef public object _proto, _remaining, _transport, _v10, client_abort, disconnected, finished
     cdef public FlowControl flow
-    cdef public object keep_alive, sent, started, status, task
+    cdef public object keep_alive, started, status, task
+    cdef public Py_ssize_t sent
+    @cython.locals(n=Py_ssize_t)
     cpdef write(self, bytes data)
     cpdef end(self)
     cpdef cancel_on_disconnect(self)

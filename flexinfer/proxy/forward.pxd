@@ -14,7 +14,7 @@ from flexinfer.proxy.metrics cimport ModelStats, ProxyMetrics
 from flexinfer.proxy.routing cimport Router
 
 cdef class Forwarder:
-    cdef public object _explain, disagg, pools, retries, settings, tracer
+    cdef public object _explain, _release, disagg, pools, retries, settings, tracer
     cdef public ProxyMetrics metrics
     cdef public Router router
 

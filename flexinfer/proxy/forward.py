@@ -124,13 +124,16 @@ def _is_sse(up: UpstreamResponse) -> bool:
 class Forwarder:
     """Sends a request to a replica of a model and relays the response."""
 
-    __slots__ = ("_explain", "disagg", "metrics", "pools", "retries", "router", "settings", "tracer")
+    __slots__ = ("_explain", "_release", "disagg", "metrics", "pools", "retries", "router", "settings", "tracer")
 
     def __init__(self, pools: Pools, router: Router, metrics: ProxyMetrics, settings: ProxySettings,
                  tracer: Tracer | None = None) -> None:
         self.pools = pools
         self.tracer = tracer  # None: tracing off
         self.router = router
+        # router.release as one callable, made once (the build makes a new one for each read of
+        # the attribute of its typed router): the release every answer hands to when_complete
+        self._release = router.release
         self.metrics = metrics
         self.settings = settings
         self._explain = _EXPLAIN_MODES[settings.route_explain]
@@ -270,7 +273,7 @@ class Forwarder:
         record the time to first byte. False: the backend refused a request whose SSE answer was
         open (the caller says so as an event). Run from ``forward`` or, earlier, from the read that
         carried the head (:class:`_Begin`)."""
-        up.when_complete(self.router.release, ep)
+        up.when_complete(self._release, ep)
         # the request's one tap (token limits share it): usage, TTFT/ITL, the usage chunk we asked for
         tap = ctx.tokens.tap if ctx.tokens is not None else UsageTap()
         sse = _is_sse(up)
