@@ -144,13 +144,13 @@ class ModelView:
     #: prefill/decode disaggregation: True when some endpoint's role is not "both" (computed once per
     #: view, read per request; see flexinfer.proxy.disagg for the prefill and decode sets)
     disaggregated: bool = field(init=False, compare=False, repr=False)
+    #: the model name the backend sees: ``served_name``, else ``name`` (computed once per view like
+    #: ``disaggregated``: a slot read per request instead of a Python property call)
+    upstream_model: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disaggregated", any(e.role != "both" for e in self.endpoints))
-
-    @property
-    def upstream_model(self) -> str:
-        return self.served_name or self.name
+        object.__setattr__(self, "upstream_model", self.served_name or self.name)
 
 
 @runtime_checkable
