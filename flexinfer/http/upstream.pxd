@@ -10,7 +10,8 @@ cimport flexinfer.http.request as _request_t  # a typed slot only (upstream.py i
 cdef class UpstreamResponse:
     cdef public object _attached, _batch, _buffered, _client_gone, _conn, _done_arg, _done_cb, _eof, _error
     cdef public object _high, _loop, _pieces, _sink_error, _waiter, chunked, content_length
-    cdef public Py_ssize_t _relayed  # bytes relayed, added per read: a C integer
+    # bytes relayed, added to per read: a C integer
+    cdef public Py_ssize_t _relayed
     cdef public object headers, status, tap
     cdef public _request_t.ResponseWriter _sink
     cpdef on_body(self, bytes piece)
