@@ -42,6 +42,11 @@ TAIL_BYTES = 16 * 1024  # the end of a response body kept for its usage object
 HOLD_BYTES = 64 * 1024  # a partial event held back longer than this is let through (stripping stops)
 _SOME_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 _ASK = b'{"stream_options":{"include_usage":true},'
+# the scan flags as module constants of this module (C integers in the build, usage.pxd: a read's
+# flag tests are then C operations)
+_KEEP = KEEP
+_WHOLE = WHOLE
+_USAGE_OBJECT = USAGE_OBJECT
 #: the paths whose streams carry usage when asked (``stream_options`` is theirs)
 USAGE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 
@@ -103,6 +108,11 @@ class UsageTap:
         The common read of a stream (whole events, no usage object) costs one compiled call
         (:class:`flexinfer._speedups.SseClock`: the scan, the clock, the gap's bucket) and no
         copy: only reads that may carry a usage object are kept for :meth:`usage`."""
+        return self._read(pieces, end)
+
+    def _read(self, pieces: Any, end: Any) -> list[bytes] | None:
+        """:meth:`__call__`'s work (``cpdef`` in the build, where ``usage.pxd`` types its scan flags
+        as a C integer: the flag tests of every read are C operations)."""
         if not pieces:
             return None
         # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
@@ -115,7 +125,7 @@ class UsageTap:
                 self.ttft = perf_counter() - self.t0
             return None
         scan = clock.feed(buf)
-        if scan & KEEP:  # a usage object (or part of one) may be in this read
+        if scan & _KEEP:  # a usage object (or part of one) may be in this read
             self._keep(buf)
         if self.ttft < 0 and clock.ttft >= 0:  # the first content event: time to first token
             self.ttft = clock.ttft
@@ -123,7 +133,7 @@ class UsageTap:
                 self.stats.observe_ttft(self.ttft)
         if self.strip:
             # the common read: whole events, no usage object ("usage":null, vLLM's, is not one)
-            if self._held or not scan & WHOLE or scan & USAGE_OBJECT:
+            if self._held or not scan & _WHOLE or scan & _USAGE_OBJECT:
                 return self._strip_slow(buf, end)
             self._mid = False
         return None
