@@ -162,7 +162,8 @@ def _pxd_classes(path: Path) -> dict[str, tuple[str | None, set[str]]]:
     """Each ``cdef class`` of a .pxd: its declared base (or None) and its declared attributes."""
     out: dict[str, tuple[str | None, set[str]]] = {}
     current = ""
-    for line in path.read_text().splitlines():
+    for raw in path.read_text().splitlines():
+        line = raw.partition("#")[0].rstrip()  # a comment after a declaration is not a name
         if line.startswith("cdef class "):
             head = line.removeprefix("cdef class ").rstrip(":")
             current, _, base = head.partition("(")

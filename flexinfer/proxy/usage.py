@@ -112,7 +112,8 @@ class UsageTap:
 
     def _read(self, pieces: Any, end: Any) -> list[bytes] | None:
         """:meth:`__call__`'s work (``cpdef`` in the build, where ``usage.pxd`` types its scan flags
-        as a C integer: the flag tests of every read are C operations)."""
+        as a C integer: the flag tests of every read are C operations). Annotated ``Any``: Cython
+        refuses the ``cpdef`` declaration against a ``def`` annotated ``list[bytes]`` or ``bool``."""
         if not pieces:
             return None
         # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
