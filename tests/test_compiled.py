@@ -247,3 +247,26 @@ def test_the_build_types_what_the_pxd_types() -> None:
     values (client.pxd): the build refuses a stand-in there. A cimport lost from a .pxd (the build
     then reads such an argument's attributes by name again, silently slower) fails here."""
     assert run_json(TYPED, None) == {"argument": "refused", "slot": "refused"}
+
+
+
+NO_CYTHON = (
+    "import importlib, json, sys\n"
+    "sys.modules['cython'] = None  # import cython raises ImportError: an install without Cython\n"
+    "from flexinfer import _compiled\n"
+    "mods = [importlib.import_module(n) for n in _compiled.MODULES]\n"
+    "from flexinfer.http.head import request_line\n"
+    "from flexinfer.proxy.metrics import ProxyMetrics\n"
+    "m = ProxyMetrics()\n"
+    "m.count('a', 200)\n"
+    "m.count('a', 200)\n"
+    "print(json.dumps({'loaded': sorted({m.__file__.rpartition('.')[2] for m in mods}),\n"
+    "                  'stand_in': 'flexinfer._nocython' in sys.modules,\n"
+    "                  'method': request_line('1.1', b'GET', b'/'), 'count': m.totals('a')[0][200]}))\n"
+)
+
+
+def test_the_source_runs_without_cython() -> None:
+    """Cython is a build requirement, not a runtime one (the image has none): the sources that say
+    ``@cython.annotation_typing(False)`` import flexinfer._nocython's no-op instead, and work."""
+    assert run_json(NO_CYTHON, "1") == {"loaded": ["py"], "stand_in": True, "method": "GET", "count": 2}

@@ -4,6 +4,9 @@
 # __slots__ (tests/test_compiled.py).
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
+# cpdef: the methods called per request on a typed connection or pool (a C call there, a method from
+# Python); those with int, float or list[...] annotations say @cython.annotation_typing(False) in the
+# .py, so that the untyped declarations here match (flexinfer/_nocython.py).
 cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
 
 cdef class _Compiled:
@@ -19,8 +22,17 @@ cdef class _Conn(_Compiled):
     cdef public UpstreamPool pool
     cdef public _upstream_t.UpstreamResponse resp
     cdef public object timer, timer_at, transport, waiter
+    cpdef exchange(self, head, body, timeout, head_only, on_head=*)
+    cpdef _arm(self, due)
+    cpdef _cancel_timer(self)
+    cpdef _finish(self)
+    cpdef pause_reading(self)
+    cpdef resume_reading(self)
 
 cdef class UpstreamPool:
     cdef public list _idle
     cdef public object _closed, _host_line, _name, _settings, _sni, _ssl, _sweep_handle, active, host
     cdef public object port
+    cpdef _take_idle(self)
+    cpdef _checkin(self, _Conn conn)
+    cpdef _forget(self, _Conn conn)

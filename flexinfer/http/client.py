@@ -32,6 +32,11 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer._speedups import ChunkedBody, FramingError, head_end
 from flexinfer.http.upstream import (
     HOP_BY_HOP,
@@ -352,6 +357,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             resp.on_complete()
 
     # ---- exchange -----------------------------------------------------------------------------
+    @cython.annotation_typing(False)  # the cpdef of client.pxd
     def exchange(self, head: bytes, body: bytes, timeout: float, head_only: bool,
                  on_head: Callable[[UpstreamResponse], None] | None = None) -> asyncio.Future[UpstreamResponse]:
         """Send one request; the future resolves with the response once its head is in. A plain
@@ -412,6 +418,7 @@ class _Conn(_Compiled, asyncio.Protocol):
     def _fail_protocol(self, message: str) -> None:
         self._fail(UpstreamError(message, reason="protocol", sent=True))
 
+    @cython.annotation_typing(False)  # the cpdef of client.pxd
     def _arm(self, due: float) -> None:
         """Make sure the timer fires at ``due`` or earlier (an earlier firing re-arms it)."""
         t = self.timer
@@ -541,7 +548,7 @@ class UpstreamPool:
         retried = False
         # no asyncio.get_running_loop() when a pooled connection is there: before Python 3.12 it
         # costs a getpid() syscall per call
-        conn = self._take_idle()
+        conn: _Conn | None = self._take_idle()  # (typed: the build calls exchange in C)
         if conn is None:
             conn = await self._connect(asyncio.get_running_loop(), sent=False)
         while True:

@@ -5,7 +5,9 @@
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
 # cpdef: the methods it calls on itself per request (a C call there, a method from Python). Cython
-# refuses the declaration against a def whose arguments are annotated int (_feed_slice, _arm_body).
+# refuses the declaration against a def whose arguments are annotated int or list[...]: those defs
+# say @cython.annotation_typing(False) in the .py (flexinfer/_nocython.py), so that their untyped
+# declarations here match.
 from flexinfer.http.closing cimport Closing
 cimport flexinfer.http.request as _request_t  # typed slots only: the .py re-exports Request, ResponseWriter
 
@@ -19,3 +21,7 @@ cdef class HttpProtocol(Closing):
     cpdef _next(self)
     cpdef _start(self, req)
     cpdef _feed(self, data)
+    cpdef _feed_slice(self, data, phase)
+    cpdef _admit(self, ctype, length)
+    cpdef _new_request(self, method, url, version, headers, ctype, conn)
+    cpdef _arm_body(self, length, limit, expect)

@@ -35,6 +35,11 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer.errors import FlexInferError, InternalError
 from flexinfer.http.closing import DL_BODY, DL_FRESH, DL_HEADER, DL_KEEPALIVE, DL_WRITE, LINGER_BYTES, Closing
 from flexinfer.http.flow import ClientGone, FlowControl
@@ -287,6 +292,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         body = self._body_len if self._req is not None else 0
         return self._settings.max_chunk_extension + _CHUNK_LINE_SLACK - (self._raw - body - self._chunk_min)
 
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
     def _feed_slice(self, data: bytes | bytearray | memoryview, phase: int) -> None:
         n = len(data)
         self._feed_len = n
@@ -390,6 +396,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         else:
             self._phase = _BODY
 
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
     def _admit(self, ctype: bytes, length: int) -> int:
         """The body limit of a request with media type ``ctype`` (checked against a declared
         Content-Length here, against the bytes as they arrive in on_body); no request while draining."""
@@ -401,6 +408,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
             raise Rejected("shutting_down")
         return limit
 
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
     def _new_request(self, method: str, url: bytes, version: str, headers: list[tuple[bytes, bytes]],
                      ctype: bytes, conn: bytes | None) -> Request:
         path, _, query = url.partition(b"?")
@@ -410,6 +418,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         return Request(method, url, path.decode("ascii"), query.decode("ascii") if query else "", version,
                        headers, keep_alive, self._peer, ctype)
 
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
     def _arm_body(self, length: int, limit: int, expect: bool) -> None:
         """Read a body: chunked (``length`` -1) or ``length`` bytes, at most ``limit``; the body
         deadline; ``100 Continue`` now, or once the responses before this request are out."""

@@ -17,6 +17,11 @@ from typing import Any
 
 import orjson
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer import errors
 from flexinfer.http.client import Pools, UpstreamConnectError, UpstreamError
 from flexinfer.http.protocol import ClientGone
@@ -76,18 +81,19 @@ def _up_kind(name: bytes) -> int:
 
 
 def _forwarded_for(peer: str) -> bytes:
-    host = _peer_hosts.get(peer)
+    hosts: dict[str, bytes] = _peer_hosts
+    host = hosts.get(peer)
     if host is None:
         host = peer.rsplit(":", 1)[0].encode()
-        if len(_peer_hosts) >= _UP_KINDS_MAX:
-            _peer_hosts.clear()
-        _peer_hosts[peer] = host
+        if len(hosts) >= _UP_KINDS_MAX:
+            hosts.clear()
+        hosts[peer] = host
     return host
 
 
 def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[tuple[bytes, bytes]]:
     out = []
-    kinds = _up_kinds
+    kinds: dict[bytes, int] = _up_kinds  # (typed: the build's get is a C dict lookup)
     named: set[bytes] | None = None  # the names a Connection header lists (rare: built only then)
     for item in req.headers:
         kind = kinds.get(item[0])
@@ -106,6 +112,7 @@ def upstream_headers(req: Request, request_id: bytes, drop_auth: bool) -> list[t
     return out
 
 
+@cython.annotation_typing(False)  # the cpdef of forward.pxd
 def downstream_headers(up: UpstreamResponse, request_id: bytes, extra: list[tuple[bytes, bytes]]
                        ) -> list[tuple[bytes, bytes]]:
     out = [(k, v) for k, v in up.headers if k not in _DROP_DOWN]
@@ -115,6 +122,7 @@ def downstream_headers(up: UpstreamResponse, request_id: bytes, extra: list[tupl
 
 
 def _is_sse(up: UpstreamResponse) -> bool:
+    v: bytes
     for k, v in up.headers:
         if k == b"content-type":
             return v.startswith(_SSE)
@@ -242,6 +250,7 @@ class Forwarder:
         budget.refused += 1
         return False
 
+    @cython.annotation_typing(False)  # the cpdef of forward.pxd
     def _outcome(self, view: ModelView, ep: Endpoint, ok: bool, kind: str) -> None:
         """Tell the ejector how the exchange went; count and log an ejection once."""
         ejector = self.router.ejector

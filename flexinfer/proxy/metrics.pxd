@@ -3,8 +3,10 @@
 # request; ProxyMetrics keeps a __dict__ for its other metrics). The .py is the pure
 # twin; every slot is a public object, so semantics and visibility are the source's. Keep each list
 # equal to the class's __slots__ (tests/test_compiled.py).
-# cpdef: the per-request calls of the forwarder (model, endpoint, observe_*): C calls from its
-# typed slots; count and decided stay def (their int and tuple annotations: Cython refuses the cpdef).
+# cpdef: the per-request calls of the forwarder (model, endpoint, count, decided, observe_*): C calls
+# from its typed slots (count and decided say @cython.annotation_typing(False) in the .py: Cython
+# would not match their int and tuple annotations with these declarations). The dict slots: their
+# get and set are C dict operations.
 
 cdef class EndpointStats:
     cdef public object created, duration, duration_sum
@@ -16,6 +18,8 @@ cdef class ModelStats(EndpointStats):
 
 cdef class ProxyMetrics:
     cdef dict __dict__
-    cdef public object _decisions, _decisions_created, _endpoints, _models, _requests, _requests_created
-    cpdef model(self, str model)
-    cpdef endpoint(self, str model, str endpoint)
+    cdef public dict _decisions, _decisions_created, _endpoints, _models, _requests, _requests_created
+    cpdef ModelStats model(self, str model)
+    cpdef EndpointStats endpoint(self, str model, str endpoint)
+    cpdef count(self, str model, code)
+    cpdef decided(self, tuple key)

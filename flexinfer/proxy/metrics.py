@@ -27,6 +27,11 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer.proxy.prom import (
     Counter,
     Family,
@@ -302,6 +307,7 @@ class ProxyMetrics:
                 es = self._endpoints[key] = EndpointStats()
         return es
 
+    @cython.annotation_typing(False)  # the cpdef of metrics.pxd
     def count(self, model: str, code: int) -> None:
         """One answered request of ``model`` with status ``code``."""
         key = (model, code)
@@ -318,6 +324,7 @@ class ProxyMetrics:
         st = self._models.get(model)
         return codes, (st.prompt_tokens if st is not None else 0), (st.completion_tokens if st is not None else 0)
 
+    @cython.annotation_typing(False)  # the cpdef of metrics.pxd
     def decided(self, key: tuple[str, str, str]) -> None:
         """One routing decision (model, strategy, key source): ``routing_decisions_total``."""
         n = self._decisions.get(key)
