@@ -3,7 +3,9 @@
 # Keep each list equal to the class's __slots__ (tests/test_compiled.py).
 # A slot declared with a type (cdef public <Type>) holds that type or None: the build refuses any
 # other value (TypeError) where the source would take it; only that type is ever stored there.
-# cpdef: methods the request path calls on a typed writer (a C call there, a method from Python).
+# cpdef: methods the request path calls on a typed writer (a C call there, a method from Python);
+# the .py says @cython.annotation_typing(False) on those whose int or list[...] annotations Cython
+# would not match with these declarations (flexinfer/_nocython.py).
 # Py_ssize_t: a byte count kept as a C integer (only ints are stored there; an add per write is C
 # arithmetic). cython.locals types write's length local so that add stays C (annotated "int" in the
 # .py it would be a Python int: boxed, added, unboxed).
@@ -12,6 +14,7 @@ from flexinfer.http.flow cimport FlowControl
 
 cdef class Request:
     cdef public object body, content_type, ctx, headers, keep_alive, method, path, peer, query, target, version
+    cpdef get(self, name, default=*)
 
 cdef class ResponseWriter:
     cdef public object _callbacks, _cancel_task, _chunked, _close_delimited, _head_only, _pending_head
@@ -22,4 +25,6 @@ cdef class ResponseWriter:
     @cython.locals(n=Py_ssize_t)
     cpdef write(self, bytes data)
     cpdef end(self)
+    cpdef bytes _build_head(self, status, headers, bytes framing)
+    cpdef start(self, status, headers, content_length=*)
     cpdef cancel_on_disconnect(self)

@@ -27,6 +27,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer._speedups import frame_chunk, head_block, head_lines_ok
 from flexinfer.errors import FlexInferError
 from flexinfer.http.flow import ClientGone, FlowControl
@@ -88,6 +93,7 @@ class Request:
         self.content_type = content_type
         self.ctx: object | None = None
 
+    @cython.annotation_typing(False)  # the cpdef of request.pxd
     def get(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case), else ``default``."""
         for k, v in self.headers:
@@ -136,6 +142,7 @@ class ResponseWriter:
         self.client_abort = False
 
     # ---- head -------------------------------------------------------------------------------
+    @cython.annotation_typing(False)  # the cpdef of request.pxd
     def _build_head(self, status: int, headers: list[tuple[bytes, bytes]] | tuple[()],
                     framing: bytes) -> bytes:
         ka = self.keep_alive and not self._proto.draining
@@ -204,6 +211,7 @@ class ResponseWriter:
         self.send(err.status, hdrs, err.body())
 
     # ---- streaming --------------------------------------------------------------------------
+    @cython.annotation_typing(False)  # the cpdef of request.pxd
     def start(self, status: int, headers: list[tuple[bytes, bytes]],
               content_length: int | None = None) -> None:
         """Send the head. ``content_length`` None: chunked (1.1) or close-delimited (1.0)."""

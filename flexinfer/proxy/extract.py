@@ -23,6 +23,11 @@ from typing import Any
 import orjson
 from orjson import loads as _json_loads
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer._speedups import model_key_scan
 from flexinfer.errors import BadRequest, InvalidJSON, InvalidModelName, NotFound, PayloadTooLarge
 
@@ -103,6 +108,7 @@ def parse_json(body: bytes) -> dict[str, Any] | None:
     return parse_json_counted(body)[0]
 
 
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
 def parse_json_counted(body: bytes) -> tuple[dict[str, Any] | None, KeyScan]:
     """(parsed body, the raw scan of its ``"model"`` key): the body is scanned once, and the scan is
     handed to :func:`rewrite_model`, which needs it too.
@@ -144,6 +150,7 @@ def _top_level_model_keys(body: bytes) -> int:
     return sum(1 for k, _ in top if k == "model") if isinstance(top, list) else 0
 
 
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
 def body_model(data: dict[str, Any] | None) -> str | None:
     if data is None or "model" not in data:
         return None
@@ -153,6 +160,7 @@ def body_model(data: dict[str, Any] | None) -> str | None:
     return check_model_name(value, "the request body")
 
 
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
 def rewrite_model(body: bytes, data: dict[str, Any], new: str, scan: KeyScan | None = None) -> bytes:
     """The body with its top-level ``"model"`` set to ``new``.
 

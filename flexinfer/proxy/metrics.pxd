@@ -8,12 +8,19 @@
 # would not match their int and tuple annotations with these declarations). The dict slots: their
 # get and set are C dict operations.
 
+cimport cython
+
+@cython.locals(i=Py_ssize_t, b=double)
+cpdef Py_ssize_t _latency_bucket(double seconds)
+
 cdef class EndpointStats:
-    cdef public object created, duration, duration_sum
+    cdef public object created, duration_sum
+    cdef public list duration
     cpdef observe_duration(self, double seconds)
 
 cdef class ModelStats(EndpointStats):
-    cdef public object completion_tokens, in_flight, itl, itl_sum, prompt_tokens, ttfb, ttfb_sum, ttft, ttft_sum
+    cdef public object completion_tokens, in_flight, itl_sum, prompt_tokens, ttfb_sum, ttft_sum
+    cdef public list itl, ttfb, ttft
     cpdef observe_ttfb(self, double seconds)
 
 cdef class ProxyMetrics:

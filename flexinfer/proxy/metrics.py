@@ -23,7 +23,6 @@ single process renders its own registry, as before; the per-request methods are 
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +63,19 @@ _LATENCY_LE = [float_to_go_string(b) for b in LATENCY_BUCKETS] + ["+Inf"]
 _ITL_LE = [float_to_go_string(b) for b in ITL_BUCKETS] + ["+Inf"]
 
 
+@cython.annotation_typing(False)  # the cpdef of metrics.pxd
+def _latency_bucket(seconds: float) -> int:
+    """``bisect_left(LATENCY_BUCKETS, seconds)``: the first bucket not below ``seconds``, found by a
+    loop the build runs in C (a request's times fall in the first few buckets; the build's call to
+    bisect compares boxed floats)."""
+    i = 0
+    for b in LATENCY_BUCKETS:
+        if not b < seconds:  # (bisect_left's own test: a NaN lands in bucket 0, as there)
+            return i
+        i += 1
+    return i
+
+
 class EndpointStats:
     """The request duration of one (model, endpoint) pair, and the base of :class:`ModelStats`:
     plain numbers, written by one event loop thread (a non-cumulative count per bucket of
@@ -77,7 +89,7 @@ class EndpointStats:
         self.duration_sum = 0.0
 
     def observe_duration(self, seconds: float) -> None:
-        self.duration[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.duration[_latency_bucket(seconds)] += 1
         self.duration_sum += seconds
 
 
@@ -102,11 +114,11 @@ class ModelStats(EndpointStats):
         self.completion_tokens = 0
 
     def observe_ttfb(self, seconds: float) -> None:
-        self.ttfb[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.ttfb[_latency_bucket(seconds)] += 1
         self.ttfb_sum += seconds
 
     def observe_ttft(self, seconds: float) -> None:
-        self.ttft[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.ttft[_latency_bucket(seconds)] += 1
         self.ttft_sum += seconds
 
 

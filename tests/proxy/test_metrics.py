@@ -96,3 +96,20 @@ def test_rows_are_what_collect_gives(tmp_path: Path) -> None:
     m.decided(("a", "least_loaded", "none"))
     assert m.registry.rows() == prom.collected_rows(m.registry)
     assert m.registry.rows() == prom.collected_rows(m.registry)  # the label caches
+
+
+def test_latency_bucket_is_bisect_left() -> None:
+    """The histograms' bucket lookup (a loop the build runs in C) answers as bisect_left does: at
+    every bound, between bounds, beyond the last, and for 0, negatives, inf and NaN."""
+    import bisect
+    import math
+    import random
+
+    from flexinfer.proxy.metrics import _latency_bucket
+
+    rnd = random.Random(15)
+    values = [rnd.uniform(-1.0, 400.0) for _ in range(5000)] + [rnd.uniform(0.0, 0.02) for _ in range(5000)]
+    values += list(LATENCY_BUCKETS) + [math.nextafter(b, math.inf) for b in LATENCY_BUCKETS]
+    values += [0.0, -0.0, -1.0, 1e-12, math.inf, -math.inf, math.nan]
+    assert [_latency_bucket(v) for v in values] == [bisect.bisect_left(LATENCY_BUCKETS, v) for v in values]
+    assert _latency_bucket(LATENCY_BUCKETS[-1] * 2) == len(LATENCY_BUCKETS)  # +Inf
