@@ -292,6 +292,8 @@ class _Conn(_Compiled, asyncio.Protocol):
             return
         cl: int | None = None
         chunked = False
+        name: bytes  # (typed: the build's strip, isdigit and lower are C calls)
+        value: bytes
         for name, value in self.headers:
             if name == b"content-length":
                 if cl is not None or not value.strip().isdigit():

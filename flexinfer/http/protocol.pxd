@@ -8,6 +8,7 @@
 # refuses the declaration against a def whose arguments are annotated int or list[...]: those defs
 # say @cython.annotation_typing(False) in the .py (flexinfer/_nocython.py), so that their untyped
 # declarations here match.
+cimport cython
 from flexinfer.http.closing cimport Closing
 cimport flexinfer.http.request as _request_t  # typed slots only: the .py re-exports Request, ResponseWriter
 
@@ -23,5 +24,6 @@ cdef class HttpProtocol(Closing):
     cpdef _feed(self, data)
     cpdef _feed_slice(self, data, phase)
     cpdef _admit(self, ctype, length)
+    @cython.locals(path=bytes, query=bytes)
     cpdef _new_request(self, method, url, version, headers, ctype, conn)
     cpdef _arm_body(self, length, limit, expect)

@@ -7,4 +7,4 @@ cdef class RequestContext:
     cdef public object completion_tokens, endpoint, prompt_tokens, queue_wait, strip_usage, ttft, usage
 
 cdef class RequestIds:
-    cdef public object _format, _next
+    cdef public object _next, _prefix

@@ -258,15 +258,16 @@ class PrefixHints(Protocol):
 class LocalLoad(dict[str, int]):
     """In-flight counts of one process: a dict (``get`` is the dict's own)."""
 
+    # (dict.get(self, ...): the build calls the dict's own get in C, not a method found by name)
     def acquire(self, key: str) -> None:
-        self[key] = self.get(key, 0) + 1
+        self[key] = dict.get(self, key, 0) + 1
 
     def release(self, key: str) -> None:
-        n = self.get(key, 0) - 1
+        n = dict.get(self, key, 0) - 1
         if n > 0:
             self[key] = n
         else:
-            self.pop(key, None)
+            dict.pop(self, key, None)
 
     def loads(self, keys: Sequence[str]) -> list[int]:
         return list(map(self.get, keys, repeat(0, len(keys))))  # C-level: no comprehension frame

@@ -25,3 +25,10 @@ def test_forked_child_reseeds() -> None:
     os.close(r)
     os.waitpid(pid, 0)
     assert child[:16] != REQUEST_IDS.new()[:16]
+
+
+def test_ids_are_a_prefix_and_a_counter_in_lowercase_hex() -> None:
+    ids = RequestIds()
+    a, b = ids.new(), ids.new()
+    assert a[:16] == b[:16] and a == a.lower() and b"-" not in a
+    assert int(b[16:], 16) == int(a[16:], 16) + 1
