@@ -8,6 +8,7 @@
 # Python); those with int, float or list[...] annotations say @cython.annotation_typing(False) in the
 # .py, so that the untyped declarations here match (flexinfer/_nocython.py).
 cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
+from flexinfer.http.upstream cimport serialize_request  # (so the .py does not re-export it)
 
 cdef class _Compiled:
     pass

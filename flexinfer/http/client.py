@@ -59,7 +59,6 @@ __all__ = [
     "UpstreamPool",
     "UpstreamResponse",
     "UpstreamTimeout",
-    "serialize_request",
 ]
 
 

@@ -18,6 +18,11 @@ decide what a rejection looks like on the wire (protocol.py answers it).
 
 from __future__ import annotations
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer.errors import FlexInferError
 
 __all__ = ["Head", "Rejected", "body_length", "keeps_alive_10", "read_headers", "request_line"]
@@ -75,6 +80,7 @@ def request_line(version: str, method: bytes, target: bytes) -> str:
     return m
 
 
+@cython.annotation_typing(False)  # the cpdef of head.pxd
 def read_headers(raw: list[tuple[bytes, bytes]], version: str, max_bytes: int) -> Head:
     """Check the header fields as received (names raw, in order) and decide the body framing;
     :class:`Rejected` on the first broken rule."""

@@ -10,6 +10,7 @@
 # declarations here match.
 cimport cython
 from flexinfer.http.closing cimport Closing
+from flexinfer.http.head cimport read_headers, request_line
 cimport flexinfer.http.request as _request_t  # typed slots only: the .py re-exports Request, ResponseWriter
 
 cdef class HttpProtocol(Closing):

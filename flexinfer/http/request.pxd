@@ -11,6 +11,7 @@
 # .py it would be a Python int: boxed, added, unboxed).
 cimport cython
 from flexinfer.http.flow cimport FlowControl
+from flexinfer.http.responses cimport status_line
 
 cdef class Request:
     cdef public object body, content_type, ctx, headers, keep_alive, method, path, peer, query, target, version

@@ -14,6 +14,11 @@ import time
 from collections.abc import Iterable
 from http import HTTPStatus
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer.errors import (
     BadRequest,
     FlexInferError,
@@ -55,13 +60,15 @@ _STATUS_LINES: dict[int, bytes] = {
 }
 
 
+@cython.annotation_typing(False)  # the cpdef of responses.pxd
 def status_line(status: int) -> bytes:
     """``HTTP/1.1 <code> <phrase>\\r\\n``; prebuilt for every known code, built and cached otherwise."""
-    line = _STATUS_LINES.get(status)
+    lines = _STATUS_LINES  # (a dict local in the build: its get is a C dict lookup)
+    line = lines.get(status)
     if line is None:
         if not 100 <= status <= 999:
             raise ValueError(f"invalid HTTP status {status!r}")
-        line = _STATUS_LINES[status] = b"HTTP/1.1 %d \r\n" % status
+        line = lines[status] = b"HTTP/1.1 %d \r\n" % status
     return line
 
 

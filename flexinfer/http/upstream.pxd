@@ -7,6 +7,11 @@
 from flexinfer.http.flow cimport FlowControl
 cimport flexinfer.http.request as _request_t  # a typed slot only (upstream.py imports ResponseWriter for typing only)
 
+# cpdef: the request head every exchange writes (a C call from client.pxd's cimport); the .py says
+# @cython.annotation_typing(False) (its list[...] and dict[...] annotations, flexinfer/_nocython.py).
+cpdef bytes _checked(str value, dict cache, pattern)
+cpdef bytes serialize_request(str method, str path, list headers, bytes body, bytes host_line)
+
 cdef class UpstreamResponse:
     cdef public object _attached, _batch, _buffered, _client_gone, _conn, _done_arg, _done_cb, _eof, _error
     cdef public object _high, _loop, _pieces, _sink_error, _waiter, chunked, content_length

@@ -26,6 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer._speedups import head_block, head_lines_ok
 from flexinfer.http.flow import ClientGone, FlowControl
 
@@ -64,6 +69,7 @@ _valid_targets: dict[str, bytes] = {}
 _VALID_MAX = 4096
 
 
+@cython.annotation_typing(False)  # the cpdef of upstream.pxd
 def _checked(value: str, cache: dict[str, bytes], pattern: re.Pattern[bytes]) -> bytes:
     """``value`` as ASCII bytes once it fully matches ``pattern`` (ValueError otherwise), cached."""
     raw = cache.get(value)
@@ -102,6 +108,7 @@ class UpstreamTimeout(UpstreamError):
     """``response_timeout`` (no response head in time) or ``idle_timeout`` (silence inside a body)."""
 
 
+@cython.annotation_typing(False)  # the cpdef of upstream.pxd
 def serialize_request(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
                       host_line: bytes) -> bytes:
     """Canonical request head: request line, end-to-end headers (names lower-cased), Host, then

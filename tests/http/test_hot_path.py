@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from flexinfer.http.client import UpstreamPool, UpstreamTimeout, serialize_request
+from flexinfer.http.client import UpstreamPool, UpstreamTimeout
 from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.http.upstream import serialize_request
 from flexinfer.settings import UpstreamSettings
 from tests.http._support import (
     HOST,
