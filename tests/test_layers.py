@@ -8,7 +8,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "flexinfer"
 
-GROUND = ("flexinfer", "_compiled", "errors", "labels", "logs", "settings", "sharing", "units")  # "flexinfer": the package root
+GROUND = ("flexinfer", "_compiled", "_nocython", "errors", "labels", "logs", "settings", "sharing",
+          "units")  # "flexinfer": the package root
 # docs/architecture.md, "The parts": the floor of each part
 FLOORS: dict[str, int] = {
     "_speedups": 0, **{g: 0 for g in GROUND},
