@@ -601,6 +601,9 @@ class UpstreamPool:
             return conn
         return None
 
+    # (annotations off in the build: Cython 3.3 typed the coroutine's maker as returning a _Conn,
+    # and gcc warned of the pointer it returns; a new connection is not per request)
+    @cython.annotation_typing(False)
     async def _connect(self, loop: asyncio.AbstractEventLoop, *, sent: bool) -> _Conn:
         if self._closed:
             raise UpstreamError("pool closed", reason="closed", sent=sent)

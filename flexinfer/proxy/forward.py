@@ -139,9 +139,11 @@ class Forwarder:
         self.pools = pools
         self.tracer = tracer  # None: tracing off
         self.router = router
-        # router.release as one callable, made once (the build makes a new one for each read of
-        # the attribute of its typed router): the release every answer hands to when_complete
-        self._release = router.release
+        # router.release as one callable, made once: the release every answer hands to
+        # when_complete. Looked up by name: on the typed router the build converts the cpdef
+        # method's C function itself, and that conversion took it as a function of another
+        # signature (gcc: incompatible pointer type; its C call lacked the dispatch flag)
+        self._release = getattr(router, "release")  # noqa: B009
         self.metrics = metrics
         self.settings = settings
         self._explain = _EXPLAIN_MODES[settings.route_explain]
