@@ -291,7 +291,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             return
         cl: int | None = None
         chunked = False
-        name: bytes  # (typed: the build's strip, isdigit and lower are C calls)
+        name: bytes  # (typed: the build calls bytes' strip without a lookup by name)
         value: bytes
         for name, value in self.headers:
             if name == b"content-length":

@@ -19,7 +19,6 @@ from flexinfer.proxy.routing cimport Router
 # whose int, bool, str or list[...] annotations Cython would not match with these declarations
 # (flexinfer/_nocython.py).
 cpdef bytes _forwarded_for(str peer)
-@cython.locals(kinds=dict)
 cpdef list upstream_headers(Request req, bytes request_id, bint drop_auth)
 cpdef list downstream_headers(UpstreamResponse up, bytes request_id, list extra)
 cpdef bint _is_sse(UpstreamResponse up)

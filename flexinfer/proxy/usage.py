@@ -32,6 +32,11 @@ from typing import Any
 
 import orjson
 
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
 from flexinfer._speedups import SseClock, parse_usage, usage_cuts
 from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
 from flexinfer.proxy.metrics import ITL_BUCKETS
@@ -110,10 +115,10 @@ class UsageTap:
         copy: only reads that may carry a usage object are kept for :meth:`usage`."""
         return self._read(pieces, end)
 
-    def _read(self, pieces: Any, end: Any) -> list[bytes] | None:
+    @cython.annotation_typing(False)  # the cpdef of usage.pxd
+    def _read(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
         """:meth:`__call__`'s work (``cpdef`` in the build, where ``usage.pxd`` types its scan flags
-        as a C integer: the flag tests of every read are C operations). Annotated ``Any``: Cython
-        refuses the ``cpdef`` declaration against a ``def`` annotated ``list[bytes]`` or ``bool``."""
+        as a C integer: the flag tests of every read are C operations)."""
         if not pieces:
             return None
         # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
