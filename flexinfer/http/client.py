@@ -98,7 +98,7 @@ class _Conn(_Compiled, asyncio.Protocol):
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
-        "broken", "checked_out", "chunks", "close_delimited", "cut", "expect_response", "hdr_bytes", "head_due",
+        "_time", "broken", "checked_out", "chunks", "close_delimited", "cut", "expect_response", "hdr_bytes", "head_due",
         "head_only", "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
         "loop", "lost", "msg_done", "on_head", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
         "timer_at", "transport", "waiter",
@@ -107,6 +107,7 @@ class _Conn(_Compiled, asyncio.Protocol):
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.loop = loop
+        self._time = loop.time  # bound once: read per upstream read (a call by name costs a lookup)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
@@ -188,7 +189,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             return
         n = len(data)
         self.rx += n
-        self.last_rx = self.loop.time()
+        self.last_rx = self._time()
         body = self.chunks
         if body is None:
             failure: Exception | None = None

@@ -12,15 +12,22 @@ cimport flexinfer.http.request as _request_t  # a typed slot only (upstream.py i
 cpdef bytes _checked(str value, dict cache, pattern)
 cpdef bytes serialize_request(str method, str path, list headers, bytes body, bytes host_line)
 
+# the observer of a relayed body: UpstreamResponse.tap is typed with it, so each read's observe is a
+# C method call (a Python subclass that overrides observe is still called through its override)
+cdef class BodyTap:
+    cpdef observe(self, pieces, end)
+
 cdef class UpstreamResponse:
     cdef public object _attached, _batch, _buffered, _client_gone, _conn, _done_arg, _done_cb, _eof, _error
     cdef public object _high, _loop, _pieces, _sink_error, _waiter, chunked, content_length
     # bytes relayed, added to per read: a C integer
     cdef public Py_ssize_t _relayed
-    cdef public object headers, status, tap
+    cdef public object headers, status
+    cdef public BodyTap tap
     cdef public _request_t.ResponseWriter _sink
     cpdef on_body(self, bytes piece)
     cpdef on_read_end(self, bytes piece=*)
     cpdef on_complete(self)
     cpdef when_complete(self, cb, arg)
     cpdef start_relay(self, writer)
+    cpdef Py_ssize_t relay_done(self, _request_t.ResponseWriter writer) except? -2

@@ -10,7 +10,7 @@ client writer from the connection's ``data_received`` (one writer call per read:
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
 and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
 that relay from the head callback already, so the first body bytes leave in the read of the head;
-an optional ``tap`` sees the pieces before they are relayed and may replace them.
+an optional ``tap`` (a :class:`BodyTap`) sees the pieces before they are relayed and may replace them.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HOP_BY_HOP",
     "BodySource",
+    "BodyTap",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamResponse",
@@ -197,6 +198,21 @@ class BodySource(Protocol):
         """The consumer gave up: close at once, never reuse."""
 
 
+class BodyTap:
+    """The observer of a relayed body (``UpstreamResponse.tap``): :meth:`observe` gets the pieces
+    of each client write, before the write, and returns None (write them as they are) or the pieces
+    to write instead. This base observes nothing; the proxy's usage tap
+    (:class:`flexinfer.proxy.usage.UsageTap`) is one. A class and not any callable so that the
+    build calls it as a C method once per upstream read (upstream.pxd: a ``cpdef`` on a typed slot)."""
+
+    __slots__ = ()
+
+    @cython.annotation_typing(False)  # the cpdef of upstream.pxd
+    def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
+        """The pieces of one client write (``end``: the body ends with them)."""
+        return None
+
+
 class UpstreamResponse:
     """A response head from a backend, and its body as it arrives."""
 
@@ -226,11 +242,11 @@ class UpstreamResponse:
         self._client_gone = False
         self._done_cb: Callable[[Any], None] | None = None
         self._done_arg: Any = None
-        #: optional observer of the relayed body: called as ``tap(pieces, end)`` with the pieces of each
+        #: optional observer of the relayed body: ``tap.observe(pieces, end)`` with the pieces of each
         #: client write, before the write (``end``: the body ends with them); it returns None or the
         #: pieces to write instead (the proxy's usage tap strips one event this way); None (the
         #: default) costs one check per read
-        self.tap: Callable[[list[bytes], bool], list[bytes] | None] | None = None
+        self.tap: BodyTap | None = None
 
     def __repr__(self) -> str:
         return f"<UpstreamResponse {self.status} cl={self.content_length} chunked={self.chunked}>"
@@ -280,9 +296,9 @@ class UpstreamResponse:
             return
         end = self._eof
         tap = self.tap
-        if tap is not None:  # _feed, inline: once per read; the call cost ~200-600 instructions
+        if tap is not None:  # _feed, inline: once per read (a C method call in the build)
             try:
-                out = tap(batch, end)
+                out = tap.observe(batch, end)
             except Exception:
                 self.tap = None
             else:
@@ -422,6 +438,24 @@ class UpstreamResponse:
         flow.set_listener(self._on_client_resumed)
         return await self._relay_rest(writer, flow, conn)
 
+    @cython.annotation_typing(False)  # the cpdef of upstream.pxd
+    def relay_done(self, writer: ResponseWriter) -> int:
+        """:meth:`relay` without a coroutine where nothing is left to wait for: :meth:`start_relay`
+        ran at the head and the whole body is in (a plain response's usual case: its body came in
+        the read of its head). The bytes relayed, the writer ended; -1 (nothing done): ``await
+        relay()`` as always. Raises what :meth:`relay` would."""
+        if self._sink is not writer or not self._attached or not self._eof:
+            return -1
+        self._attached = False
+        self._sink = None
+        writer.flow.set_listener(None)
+        err = self._sink_error
+        if err is not None:
+            self.close()
+            raise err
+        writer.end()
+        return self._relayed
+
     def start_relay(self, writer: ResponseWriter) -> bool:
         """Start relaying to the started ``writer`` at once, from the head callback
         (``UpstreamPool.request(on_head=...)``), so the body pieces of the read that carried the head
@@ -477,7 +511,7 @@ class UpstreamResponse:
         :meth:`on_read_end` does the same inline (it runs once per upstream read)."""
         tap = self.tap
         try:
-            out = tap(pieces, end)  # type: ignore[misc]
+            out = tap.observe(pieces, end)  # type: ignore[union-attr]
         except Exception:
             self.tap = None
             return pieces

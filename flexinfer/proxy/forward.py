@@ -310,6 +310,7 @@ class Forwarder:
         headers = upstream_headers(req, ctx.request_id, drop_auth=ctx.authenticated)
         stats.in_flight += 1
         begun = False  # the head callback answered the client already (_Begin)
+        up: UpstreamResponse  # (typed in the build: relay_done is a C call)
         t_send = perf_counter()  # the exchange starts: the endpoint's duration counts from here
         try:
             path = f"{ctx.path}?{req.query}" if req.query else ctx.path
@@ -326,7 +327,8 @@ class Forwarder:
                     await self._error_into_stream(up, resp, view)
                     return
                 try:
-                    await up.relay(resp)
+                    if up.relay_done(resp) < 0:  # (a plain body that came with its head: no coroutine)
+                        await up.relay(resp)
                 except UpstreamError as exc:
                     metrics.upstream_errors.labels(exc.reason, ep.key).inc()
                     if (ctx.sse_open or _is_sse(up)) and not resp.disconnected:

@@ -3,10 +3,12 @@
 # so semantics and visibility are the source's. Keep the list equal to the class's __slots__
 # (tests/test_compiled.py).
 cimport cython
+from flexinfer.http.upstream cimport BodyTap
 
 cdef long _KEEP, _WHOLE, _USAGE_OBJECT
 
-cdef class UsageTap:
-    cdef public object _held, _mid, _parsed, _usage, clock, stats, status, strip, stripped, t0, tail, ttft
+# a BodyTap: the relay calls its observe as a C method per upstream read (upstream.pxd)
+cdef class UsageTap(BodyTap):
+    cdef public object _feed, _held, _mid, _parsed, _usage, clock, stats, status, strip, stripped, t0, tail, ttft
     @cython.locals(scan=long)
-    cpdef _read(self, pieces, end)
+    cpdef observe(self, pieces, end)

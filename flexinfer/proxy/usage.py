@@ -2,7 +2,8 @@
 between tokens, and the one usage chunk the proxy asked for on a client's behalf.
 
 Owns: :class:`UsageTap`, the one observer of a relayed body per request (``UpstreamResponse.tap``,
-called by the relay with the pieces of each upstream read before they are written): it keeps the
+a :class:`~flexinfer.http.upstream.BodyTap` whose ``observe`` the relay calls with the pieces of
+each upstream read before they are written): it keeps the
 body's last :data:`TAIL_BYTES` (parsed once, at the end, by :meth:`UsageTap.usage`); for SSE it
 counts content-carrying events, times the first of them (time to first token) and the gaps between
 the reads that carry them (inter-token latency), and, when the proxy added
@@ -39,6 +40,7 @@ except ImportError:  # no Cython here: its decorators do nothing in pure Python
 
 from flexinfer._speedups import SseClock, parse_usage, usage_cuts
 from flexinfer._speedups.ssescan_py import KEEP, USAGE_OBJECT, WHOLE
+from flexinfer.http.upstream import BodyTap
 from flexinfer.proxy.metrics import ITL_BUCKETS
 
 __all__ = ["HOLD_BYTES", "TAIL_BYTES", "USAGE_PATHS", "UsageTap", "ask_usage"]
@@ -78,17 +80,18 @@ def ask_usage(body: bytes, data: dict[str, Any], model: str | None = None) -> by
     return orjson.dumps(out)
 
 
-class UsageTap:
-    """Called by ``UpstreamResponse`` with the body pieces of each upstream read, before they are
-    written: returns None (write them as they are) or the pieces to write instead (stripping).
-    Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
+class UsageTap(BodyTap):
+    """Observes (``observe``, called by ``UpstreamResponse``) the body pieces of each upstream read,
+    before they are written: returns None (write them as they are) or the pieces to write instead
+    (stripping). Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
 
-    __slots__ = ("_held", "_mid", "_parsed", "_usage", "clock", "stats", "status", "strip", "stripped", "t0",
+    __slots__ = ("_feed", "_held", "_mid", "_parsed", "_usage", "clock", "stats", "status", "strip", "stripped", "t0",
                  "tail", "ttft")
 
     def __init__(self) -> None:
         self.tail = bytearray()
         self.clock: Any = None  # SSE: the per-read accounting (flexinfer._speedups.SseClock)
+        self._feed: Any = None  # clock.feed, bound once per body (called per read)
         self.status: int | None = None  # the upstream status, once a response head arrived
         self.strip = False  # remove the usage-only event (the proxy asked for it, the client did not)
         self.stripped = 0  # events removed
@@ -106,19 +109,21 @@ class UsageTap:
         self.strip = strip and sse
         self.t0 = t0
         self.stats = stats
-        self.clock = SseClock(ITL_BUCKETS, t0) if sse else None
+        self.clock = clock = SseClock(ITL_BUCKETS, t0) if sse else None
+        self._feed = clock.feed if clock is not None else None
 
     def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
+        """:meth:`observe` (``end`` False unless given)."""
+        return self.observe(pieces, end)
+
+    @cython.annotation_typing(False)  # the cpdef of usage.pxd
+    def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
         """The pieces of one upstream read, before they are written (see the class docstring).
         The common read of a stream (whole events, no usage object) costs one compiled call
         (:class:`flexinfer._speedups.SseClock`: the scan, the clock, the gap's bucket) and no
-        copy: only reads that may carry a usage object are kept for :meth:`usage`."""
-        return self._read(pieces, end)
-
-    @cython.annotation_typing(False)  # the cpdef of usage.pxd
-    def _read(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
-        """:meth:`__call__`'s work (``cpdef`` in the build, where ``usage.pxd`` types its scan flags
-        as a C integer: the flag tests of every read are C operations)."""
+        copy: only reads that may carry a usage object are kept for :meth:`usage`. ``cpdef`` in the
+        build, where ``usage.pxd`` types its scan flags as a C integer (the flag tests of every read
+        are C operations)."""
         if not pieces:
             return None
         # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
@@ -130,7 +135,7 @@ class UsageTap:
             if self.ttft < 0:
                 self.ttft = perf_counter() - self.t0
             return None
-        scan = clock.feed(buf)
+        scan = self._feed(buf)
         if scan & _KEEP:  # a usage object (or part of one) may be in this read
             self._keep(buf)
         if self.ttft < 0 and clock.ttft >= 0:  # the first content event: time to first token

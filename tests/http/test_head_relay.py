@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from flexinfer.http.client import UpstreamPool, UpstreamResponse
+from flexinfer.http.upstream import BodyTap
 from flexinfer.http.protocol import Request, ResponseWriter
 from flexinfer.settings import UpstreamSettings
 from tests.http._support import HOST, BackendConn, RawBackend, RecordingHandler, read_request, serve
@@ -109,4 +110,122 @@ async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
 
         assert not up.start_relay(_Writer())  # type: ignore[arg-type]
         assert got == [b"ok"]
+        await pool.close()
+
+
+def _done_handler(pool: UpstreamPool, declared: int | None, got: list[Any]) -> RecordingHandler:
+    """A handler that starts the relay at the head, then ends it with relay_done where it can,
+    else with relay (what the forwarder does); ``got``: (relay_done's answer, relay's or the error)."""
+    handler = RecordingHandler()
+
+    async def forward(req: Request, resp: ResponseWriter) -> None:
+        def on_head(up: UpstreamResponse) -> None:
+            resp.start(up.status, [], declared if declared is not None else up.content_length)
+            assert up.start_relay(resp)
+
+        up = await pool.request("GET", "/", [], b"", on_head=on_head)
+        try:
+            n = up.relay_done(resp)
+        except ValueError as exc:
+            got.append(("raised", str(exc), resp.finished))
+            resp.abort()
+            return
+        got.append((n, resp.finished))
+        if n < 0:
+            got.append(await up.relay(resp))
+
+    handler.upstream = forward
+    return handler
+
+
+async def test_relay_done_ends_a_body_that_came_with_its_head() -> None:
+    release = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")  # whole: one read
+        await read_request(reader)
+        writer.write(HEAD + _event(0))  # the rest waits: relay_done must leave it to relay()
+        await release.wait()
+        writer.write(_event(1) + b"0\r\n\r\n")
+
+    got: list[Any] = []
+    async with RawBackend(answer) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(_done_handler(pool, None, got)) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert b"content-length: 5" in head.lower()
+            assert await reader.readexactly(5) == b"hello"
+            assert got == [(5, True)]  # relayed at the head, ended without a wait
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            await reader.readuntil(b"data: 0\n\n")
+            release.set()
+            await reader.readuntil(b"0\r\n\r\n")
+            writer.close()
+        assert got[1:] == [(-1, False), len(b"data: 0\n\ndata: 1\n\n")]  # not done: relay() waited
+        assert len(backend.conns) == 1  # both exchanges on one pooled connection
+        await pool.close()
+
+
+async def test_relay_done_raises_what_the_writer_refused() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+
+    got: list[Any] = []
+    async with RawBackend(answer) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(_done_handler(pool, 3, got)) as server:  # the client was promised 3 bytes
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            await reader.read()  # the connection is aborted: no more than the head and what fit
+            writer.close()
+        assert got == [("raised", "body longer than the declared Content-Length", False)]
+        await pool.close()
+
+
+async def test_a_body_tap_sees_each_read_and_may_replace_its_pieces() -> None:
+    release = asyncio.Event()
+
+    async def sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        writer.write(HEAD + _event(0))
+        await release.wait()
+        writer.write(_event(1) + b"0\r\n\r\n")
+
+    class Upper(BodyTap):  # a Python subclass: the build calls its override through the C method
+        def __init__(self) -> None:
+            self.seen: list[tuple[list[bytes], bool]] = []
+
+        def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
+            self.seen.append((list(pieces), end))
+            return [p.upper() for p in pieces]
+
+    tap = Upper()
+    handler = RecordingHandler()
+
+    async def forward(req: Request, resp: ResponseWriter) -> None:
+        def on_head(up: UpstreamResponse) -> None:
+            up.tap = tap
+            resp.start(up.status, [], None)
+            assert up.start_relay(resp)
+
+        up = await pool.request("GET", "/", [], b"", on_head=on_head)
+        await up.relay(resp)
+
+    handler.upstream = forward
+    assert BodyTap().observe([b"x"], False) is None  # the base observes nothing
+    async with RawBackend(sse) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(handler) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            await reader.readuntil(b"DATA: 0\n\n")
+            release.set()
+            await reader.readuntil(b"DATA: 1\n\n")
+            await reader.readuntil(b"0\r\n\r\n")
+            writer.close()
+        assert tap.seen == [([b"data: 0\n\n"], False), ([b"data: 1\n\n"], True)]
         await pool.close()

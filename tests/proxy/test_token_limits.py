@@ -159,9 +159,9 @@ def _spy_taps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
 
     class SpyTap(UsageTap):
-        def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
+        def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
             seen.append(len(pieces))
-            return super().__call__(pieces, end)
+            return super().observe(pieces, end)
 
     from flexinfer.proxy import forward, tokenlimits
     monkeypatch.setattr(forward, "UsageTap", SpyTap)
