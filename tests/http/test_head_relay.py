@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from flexinfer.http.client import UpstreamPool, UpstreamResponse
-from flexinfer.http.upstream import BodyTap
 from flexinfer.http.protocol import Request, ResponseWriter
+from flexinfer.http.upstream import BodyTap
 from flexinfer.settings import UpstreamSettings
 from tests.http._support import HOST, BackendConn, RawBackend, RecordingHandler, read_request, serve
 

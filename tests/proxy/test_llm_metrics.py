@@ -240,6 +240,10 @@ def test_ask_usage_rules() -> None:
     body = b'{"model":"m","stream":true}'
     assert ask_usage(body, json.loads(body)) == b'{"stream_options":{"include_usage":true},"model":"m","stream":true}'
     assert ask_usage(b' {"stream":true}', {"stream": True}) == b' {"stream_options":{"include_usage":true},"stream":true}'
+    nested = b'{"stream":true,"messages":[{"role":"user","content":"{}"}]}'  # only the opening brace
+    assert ask_usage(nested, json.loads(nested)) == b'{"stream_options":{"include_usage":true},' + nested[1:]
+    assert ask_usage(b"{}", {}) is None  # nothing to put a comma after
+    assert ask_usage(b"[]", {"stream": True}) is None  # no object to splice into
     for opts in ({"include_usage": True}, {"continuous_usage_stats": True}, "bogus"):
         data = {"stream": True, "stream_options": opts}
         assert ask_usage(json.dumps(data).encode(), data) is None  # asked already / would change every event
