@@ -93,13 +93,19 @@ async def test_a_failing_head_callback_fails_the_exchange_and_closes_the_connect
         await pool.close()
 
 
-async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
+def _answers(*responses: bytes) -> Any:
+    """A backend that answers its connection's requests with ``responses``, in order, then stops."""
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        for raw in responses:
+            await read_request(reader)
+            writer.write(raw)
 
+    return answer
+
+
+async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
     got: list[Any] = []
-    async with RawBackend(answer) as backend:
+    async with RawBackend(_answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
         up = await pool.request("GET", "/", [], b"")
         got.append(await up.read_all(16))
@@ -170,12 +176,8 @@ async def test_relay_done_ends_a_body_that_came_with_its_head() -> None:
 
 
 async def test_relay_done_raises_what_the_writer_refused() -> None:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-
     got: list[Any] = []
-    async with RawBackend(answer) as backend:
+    async with RawBackend(_answers(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
         async with serve(_done_handler(pool, 3, got)) as server:  # the client was promised 3 bytes
             reader, writer = await asyncio.open_connection(HOST, server.port)
