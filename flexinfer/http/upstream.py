@@ -295,15 +295,8 @@ class UpstreamResponse:
         if not batch or sink is None:
             return
         end = self._eof
-        tap = self.tap
-        if tap is not None:  # _feed, inline: once per read (a C method call in the build)
-            try:
-                out = tap.observe(batch, end)
-            except Exception:
-                self.tap = None
-            else:
-                if out is not None:
-                    batch = out
+        if self.tap is not None:  # once per read (C method calls in the build)
+            batch = self._feed(batch, end)
         try:
             if not end and len(batch) == 1:
                 piece = batch[0]
@@ -447,14 +440,7 @@ class UpstreamResponse:
         if self._sink is not writer or not self._attached or not self._eof:
             return -1
         self._attached = False
-        self._sink = None
-        writer.flow.set_listener(None)
-        err = self._sink_error
-        if err is not None:
-            self.close()
-            raise err
-        writer.end()
-        return self._relayed
+        return self._end_relay(writer, writer.flow)
 
     def start_relay(self, writer: ResponseWriter) -> bool:
         """Start relaying to the started ``writer`` at once, from the head callback
@@ -494,21 +480,31 @@ class UpstreamResponse:
                     raise self._error
                 waiter = self._waiter = self._loop.create_future()
                 await waiter
-            if self._sink_error is not None:
-                raise self._sink_error
         except BaseException:
-            self.close()
-            raise
-        finally:
             self._sink = None
             flow.set_listener(None)
+            self.close()
+            raise
+        return self._end_relay(writer, flow)
+
+    @cython.annotation_typing(False)  # the cpdef of upstream.pxd
+    def _end_relay(self, writer: ResponseWriter, flow: FlowControl) -> int:
+        """The end of a relay whose body is all in (:meth:`_relay_rest` after its wait,
+        :meth:`relay_done` at once): the sink let go, then the writer ended, or what a write of
+        the relay refused raised (the response closed)."""
+        self._sink = None
+        flow.set_listener(None)
+        err = self._sink_error
+        if err is not None:
+            self.close()
+            raise err
         writer.end()
         return self._relayed
 
+    @cython.annotation_typing(False)  # the cpdef of upstream.pxd
     def _feed(self, pieces: list[bytes], end: bool) -> list[bytes]:
         """Hand the pieces about to be relayed to the tap: the pieces to write (the tap's answer
-        when it gives one). A tap that fails is dropped (the relay goes on with the pieces as they are).
-        :meth:`on_read_end` does the same inline (it runs once per upstream read)."""
+        when it gives one). A tap that fails is dropped (the relay goes on with the pieces as they are)."""
         tap = self.tap
         try:
             out = tap.observe(pieces, end)  # type: ignore[union-attr]
