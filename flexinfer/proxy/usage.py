@@ -67,7 +67,7 @@ def ask_usage(body: bytes, data: dict[str, Any], model: str | None = None) -> by
     re-encoded, with ``model`` (the backend's model name) in place of the client's."""
     opts = data.get("stream_options")
     if opts is None and "stream_options" not in data:
-        if not len(data):
+        if not data:
             return None
         spliced = body.replace(b"{", _ASK, 1)  # one pass, one copy (slices and two joins made three)
         return spliced if len(spliced) != len(body) else None  # no "{": nothing to splice into
@@ -111,10 +111,6 @@ class UsageTap(BodyTap):
         self.stats = stats
         self.clock = clock = SseClock(ITL_BUCKETS, t0) if sse else None
         self._feed = clock.feed if clock is not None else None
-
-    def __call__(self, pieces: list[bytes], end: bool = False) -> list[bytes] | None:
-        """:meth:`observe` (``end`` False unless given)."""
-        return self.observe(pieces, end)
 
     @cython.annotation_typing(False)  # the cpdef of usage.pxd
     def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:

@@ -223,7 +223,7 @@ def test_tap_strips_at_every_split_point() -> None:
                 k = rnd.randint(1, 3)
                 batch = pieces[i:i + k]
                 i += k
-                got = tap(batch, i >= len(pieces))
+                got = tap.observe(batch, i >= len(pieces))
                 out += b"".join(batch if got is None else got)
             assert out == want, cuts
             assert tap.stripped == 1 and tap.usage() == (9, 3)
@@ -232,7 +232,7 @@ def test_tap_strips_at_every_split_point() -> None:
     tap = UsageTap()
     tap.start(200, True, True, 0.0, None)
     for ev in [*_EV, USAGE_EV, b"data: [DONE]\n\n"]:
-        tap([ev])
+        tap.observe([ev], False)
     assert tap.events == 3
 
 

@@ -231,11 +231,11 @@ def test_tap_is_bounded_and_counts_content_events() -> None:
     tap.start(200, True, False, time.perf_counter(), None)
     ev = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
     role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
-    tap([role, ev * 1000])
-    tap([ev] * 5000)
+    tap.observe([role, ev * 1000], False)
+    tap.observe([ev] * 5000, False)
     assert tap.events == 6000
     assert len(tap.tail) <= 2 * 16 * 1024
-    tap([b"x" * 100_000])
+    tap.observe([b"x" * 100_000], False)
     assert len(tap.tail) == 16 * 1024
 
 
