@@ -6,6 +6,7 @@ fails the exchange and the connection is not reused; a finished stream's connect
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -26,21 +27,33 @@ def _event(i: int) -> bytes:
     return b"%x\r\n%b\r\n" % (len(ev), ev)
 
 
-def _early_handler(pool: UpstreamPool, order: list[str], results: list[int]) -> RecordingHandler:
+def _relaying_handler(pool: UpstreamPool, head: Callable[[UpstreamResponse, ResponseWriter], None],
+                      then: Callable[[UpstreamResponse, ResponseWriter], Awaitable[None]]) -> RecordingHandler:
+    """A handler that answers from the upstream head callback, as the forwarder does: ``head``
+    starts the response, the relay starts there, and ``then`` runs once the exchange returns."""
     handler = RecordingHandler()
 
     async def forward(req: Request, resp: ResponseWriter) -> None:
         def on_head(up: UpstreamResponse) -> None:
-            resp.start(up.status, [(b"content-type", b"text/event-stream")], up.content_length)
-            order.append("head")
+            head(up, resp)
             assert up.start_relay(resp)
 
-        up = await pool.request("GET", "/", [], b"", on_head=on_head)
-        order.append(f"resumed after {up._relayed} bytes relayed")  # to the client writer, from the head's read
-        results.append(await up.relay(resp))
+        await then(await pool.request("GET", "/", [], b"", on_head=on_head), resp)
 
     handler.upstream = forward
     return handler
+
+
+def _early_handler(pool: UpstreamPool, order: list[str], results: list[int]) -> RecordingHandler:
+    def head(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        resp.start(up.status, [(b"content-type", b"text/event-stream")], up.content_length)
+        order.append("head")
+
+    async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        order.append(f"resumed after {up._relayed} bytes relayed")  # to the client writer, from the head's read
+        results.append(await up.relay(resp))
+
+    return _relaying_handler(pool, head, then)
 
 
 async def test_first_event_leaves_before_the_task_resumes() -> None:
@@ -122,14 +135,10 @@ async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
 def _done_handler(pool: UpstreamPool, declared: int | None, got: list[Any]) -> RecordingHandler:
     """A handler that starts the relay at the head, then ends it with relay_done where it can,
     else with relay (what the forwarder does); ``got``: (relay_done's answer, relay's or the error)."""
-    handler = RecordingHandler()
+    def head(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        resp.start(up.status, [], declared if declared is not None else up.content_length)
 
-    async def forward(req: Request, resp: ResponseWriter) -> None:
-        def on_head(up: UpstreamResponse) -> None:
-            resp.start(up.status, [], declared if declared is not None else up.content_length)
-            assert up.start_relay(resp)
-
-        up = await pool.request("GET", "/", [], b"", on_head=on_head)
+    async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
         try:
             n = up.relay_done(resp)
         except ValueError as exc:
@@ -140,8 +149,7 @@ def _done_handler(pool: UpstreamPool, declared: int | None, got: list[Any]) -> R
         if n < 0:
             got.append(await up.relay(resp))
 
-    handler.upstream = forward
-    return handler
+    return _relaying_handler(pool, head, then)
 
 
 async def test_relay_done_ends_a_body_that_came_with_its_head() -> None:
@@ -206,22 +214,18 @@ async def test_a_body_tap_sees_each_read_and_may_replace_its_pieces() -> None:
             return [p.upper() for p in pieces]
 
     tap = Upper()
-    handler = RecordingHandler()
 
-    async def forward(req: Request, resp: ResponseWriter) -> None:
-        def on_head(up: UpstreamResponse) -> None:
-            up.tap = tap
-            resp.start(up.status, [], None)
-            assert up.start_relay(resp)
+    def head(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        up.tap = tap
+        resp.start(up.status, [], None)
 
-        up = await pool.request("GET", "/", [], b"", on_head=on_head)
+    async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
         await up.relay(resp)
 
-    handler.upstream = forward
     assert BodyTap().observe([b"x"], False) is None  # the base observes nothing
     async with RawBackend(sse) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
-        async with serve(handler) as server:
+        async with serve(_relaying_handler(pool, head, then)) as server:
             reader, writer = await asyncio.open_connection(HOST, server.port)
             writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
             await reader.readuntil(b"DATA: 0\n\n")
