@@ -98,17 +98,21 @@ class _Conn(_Compiled, asyncio.Protocol):
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
-        "_time", "broken", "checked_out", "chunks", "close_delimited", "cut", "expect_response", "hdr_bytes", "head_due",
-        "head_only", "head_raw", "headers", "idle_since", "idle_watch", "in_head", "interim", "keep_alive", "last_rx",
-        "loop", "lost", "msg_done", "on_head", "parser", "paused", "poller", "pool", "resp", "reused", "rx", "timer",
-        "timer_at", "transport", "waiter",
+        "_chunk_feed", "_future", "_send", "_time", "broken", "checked_out", "chunks", "close_delimited", "cut",
+        "expect_response", "hdr_bytes", "head_due", "head_only", "head_raw", "headers", "idle_since", "idle_watch",
+        "in_head", "interim", "keep_alive", "last_rx", "loop", "lost", "msg_done", "on_head", "parser", "paused",
+        "poller", "pool", "resp", "reused", "rx", "timer", "timer_at", "transport", "waiter",
     )
 
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.loop = loop
-        self._time = loop.time  # bound once: read per upstream read (a call by name costs a lookup)
+        # bound once (a call by name costs a lookup each time): the clock per upstream read, the
+        # waiter and the request's write per exchange, the chunked decoder per read of its body
+        self._time = loop.time
+        self._future = loop.create_future
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self._send: Callable[[bytes], None] = None  # type: ignore[assignment]  # transport.write
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
         self.broken = False
@@ -139,11 +143,13 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.poller: select.poll | None = None
         #: the chunked body being read without httptools (see data_received), or None
         self.chunks: ChunkedBody | None = None
+        self._chunk_feed: Callable[[bytes], bytes] = None  # type: ignore[assignment]  # chunks.feed, with chunks
         self.cut = False  # httptools is being fed a head that ends the read it came in
 
     # ---- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self._send = self.transport.write
         sock = transport.get_extra_info("socket")
         if sock is not None:
             poller = select.poll()
@@ -226,7 +232,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         # httptools' on_message_complete would have it, then the same steps as above
         resp = self.resp
         try:
-            payload = body.feed(data)
+            payload = self._chunk_feed(data)
         except FramingError as exc:
             if resp is not None:
                 resp.on_read_end()
@@ -240,6 +246,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             if payload and resp is not None:
                 resp.on_body(payload)
             self.chunks = None
+            self._chunk_feed = None  # type: ignore[assignment]
             if body.extra:
                 self.broken = True  # bytes after a complete response: never reuse
             self.on_message_complete()
@@ -314,7 +321,8 @@ class _Conn(_Compiled, asyncio.Protocol):
         resp = UpstreamResponse(self, status, self.headers, cl, chunked, self.pool._settings.read_buffer_high)
         self.resp = resp
         if self.cut and chunked and not no_body:  # the head ends the bytes httptools got: the body is ours
-            self.chunks = ChunkedBody(self.pool._settings.max_response_header_bytes)
+            self.chunks = chunks = ChunkedBody(self.pool._settings.max_response_header_bytes)
+            self._chunk_feed = chunks.feed
             # httptools would wait inside this body: the next exchange gets a fresh parser (the one
             # running this callback finishes its feed, which ends with the head, and is dropped)
             self.parser = httptools.HttpResponseParser(self)
@@ -367,8 +375,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         calls :meth:`abandon` when it is cancelled meanwhile."""
         if self.lost or self.transport.is_closing():
             raise _NotSent()
-        loop = self.loop
-        waiter: asyncio.Future[UpstreamResponse] = loop.create_future()
+        waiter: asyncio.Future[UpstreamResponse] = self._future()
         self.waiter = waiter
         self.on_head = on_head
         self.resp = None
@@ -385,9 +392,9 @@ class _Conn(_Compiled, asyncio.Protocol):
         if body:
             self.transport.writelines((head, body))
         else:
-            self.transport.write(head)
+            self._send(head)
         if timeout > 0:
-            self.head_due = due = loop.time() + timeout
+            self.head_due = due = self._time() + timeout
             self._arm(due)
         else:
             self.head_due = 0.0

@@ -183,15 +183,14 @@ class ResponseWriter:
         head = self._build_head(status, headers, b"" if no_body else b"content-length: %d\r\n" % len(body))
         self.started = self.finished = True
         self.status = status
-        tr = self._transport
         if no_body or self._head_only or not body:
-            tr.write(head)
+            self.flow.write(head)
         elif len(body) < 16 * KiB:
             self.sent = len(body)
-            tr.write(head + body)
+            self.flow.write(head + body)
         else:
             self.sent = len(body)
-            tr.writelines((head, body))
+            self._transport.writelines((head, body))
         self._proto.response_done(self)
 
     def send_error(self, err: FlexInferError,
@@ -241,7 +240,7 @@ class ResponseWriter:
         self.started = True
         self.status = status
         if self._head_only or self._remaining == 0:
-            self._transport.write(head)
+            self.flow.write(head)
             return
         self._pending_head = head
         if self._remaining is None:  # streamed: never held across a wait
@@ -251,7 +250,7 @@ class ResponseWriter:
         head = self._pending_head
         if head is not None and self._remaining is None and not self.disconnected:
             self._pending_head = None
-            self._transport.write(head)
+            self.flow.write(head)
 
     def write(self, data: bytes) -> None:
         """One body piece, framed and handed to the transport at once (no coalescing)."""
@@ -266,11 +265,11 @@ class ResponseWriter:
             if head is not None:
                 self._pending_head = None
                 if n < 16 * KiB:
-                    self._transport.write(frame_chunk(head, data))
+                    self.flow.write(frame_chunk(head, data))
                 else:
                     self._transport.writelines((head, b"%x\r\n" % n, data, b"\r\n"))
             elif n < 16 * KiB:
-                self._transport.write(frame_chunk(b"", data))  # once per relayed read of a stream
+                self.flow.write(frame_chunk(b"", data))  # once per relayed read of a stream
             else:
                 self._transport.writelines((b"%x\r\n" % n, data, b"\r\n"))
             return
@@ -284,11 +283,11 @@ class ResponseWriter:
         if head is not None:
             self._pending_head = None
             if len(data) < 16 * KiB:
-                self._transport.write(head + data)
+                self.flow.write(head + data)
             else:
                 self._transport.writelines((head, data))
             return
-        self._transport.write(data)
+        self.flow.write(data)
 
     def writelines(self, pieces: Sequence[bytes], *, end: bool = False) -> None:
         """Body pieces that are ready together: framed as one chunk and handed to the transport in
@@ -331,7 +330,7 @@ class ResponseWriter:
                 parts.append(LAST_CHUNK)
         if parts:
             if total < 16 * KiB:
-                self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+                self.flow.write(parts[0] if len(parts) == 1 else b"".join(parts))
             else:
                 self._transport.writelines(parts)
         if end:

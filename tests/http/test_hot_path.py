@@ -31,7 +31,10 @@ CLOSE = b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
 
 
 class _Counting:
-    """Wraps a transport; records what each write/writelines call handed over."""
+    """Wraps a transport; records what each write/writelines call handed over. :meth:`install` puts
+    it in a writer's way: its transport, and the connection's bound ``flow.write`` the writer sends
+    through (the connection's later writers then count into this one's list too, until they
+    install their own)."""
 
     def __init__(self, transport: Any) -> None:
         self._tr = transport
@@ -49,6 +52,13 @@ class _Counting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tr, name)
 
+    @classmethod
+    def install(cls, resp: ResponseWriter) -> _Counting:
+        counting = cls(resp._transport)
+        resp._transport = counting  # type: ignore[assignment]
+        resp.flow.write = counting.write
+        return counting
+
 
 class _Handler(RecordingHandler):
     def __init__(self) -> None:
@@ -58,8 +68,7 @@ class _Handler(RecordingHandler):
         self.release = asyncio.Event()
 
     async def handle(self, req: Request, resp: ResponseWriter) -> None:
-        counting = _Counting(resp._transport)
-        resp._transport = counting
+        counting = _Counting.install(resp)
         self.calls[req.path] = counting.calls
         path = req.path
         if path == "/lines":
