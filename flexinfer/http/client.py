@@ -98,7 +98,7 @@ class _Conn(_Compiled, asyncio.Protocol):
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
-        "_chunk_feed", "_future", "_send", "_time", "broken", "checked_out", "chunks", "close_delimited", "cut",
+        "_chunk_feed", "_time", "broken", "checked_out", "chunks", "close_delimited", "cut",
         "expect_response", "hdr_bytes", "head_due", "head_only", "head_raw", "headers", "idle_since", "idle_watch",
         "in_head", "interim", "keep_alive", "last_rx", "loop", "lost", "msg_done", "on_head", "parser", "paused",
         "poller", "pool", "resp", "reused", "rx", "timer", "timer_at", "transport", "waiter",
@@ -107,12 +107,10 @@ class _Conn(_Compiled, asyncio.Protocol):
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.loop = loop
-        # bound once (a call by name costs a lookup each time): the clock per upstream read, the
-        # waiter and the request's write per exchange, the chunked decoder per read of its body
+        # bound once (a call by name costs a lookup each time): the clock per upstream read, like
+        # the chunked decoder's feed per read of its body (_chunk_feed)
         self._time = loop.time
-        self._future = loop.create_future
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self._send: Callable[[bytes], None] = None  # type: ignore[assignment]  # transport.write
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
         self.broken = False
@@ -149,7 +147,6 @@ class _Conn(_Compiled, asyncio.Protocol):
     # ---- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        self._send = self.transport.write
         sock = transport.get_extra_info("socket")
         if sock is not None:
             poller = select.poll()
@@ -375,7 +372,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         calls :meth:`abandon` when it is cancelled meanwhile."""
         if self.lost or self.transport.is_closing():
             raise _NotSent()
-        waiter: asyncio.Future[UpstreamResponse] = self._future()
+        waiter: asyncio.Future[UpstreamResponse] = self.loop.create_future()
         self.waiter = waiter
         self.on_head = on_head
         self.resp = None
@@ -392,7 +389,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         if body:
             self.transport.writelines((head, body))
         else:
-            self._send(head)
+            self.transport.write(head)
         if timeout > 0:
             self.head_due = due = self._time() + timeout
             self._arm(due)
