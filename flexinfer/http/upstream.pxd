@@ -15,7 +15,7 @@ cpdef bytes serialize_request(str method, str path, list headers, bytes body, by
 # the observer of a relayed body: UpstreamResponse.tap is typed with it, so each read's observe is a
 # C method call (a Python subclass that overrides observe is still called through its override)
 cdef class BodyTap:
-    cpdef observe(self, pieces, end)
+    cpdef observe(self, buf, end)
 
 cdef class UpstreamResponse:
     cdef public object _attached, _batch, _buffered, _client_gone, _conn, _done_arg, _done_cb, _eof, _error
@@ -32,4 +32,4 @@ cdef class UpstreamResponse:
     cpdef start_relay(self, writer)
     cpdef Py_ssize_t relay_done(self, _request_t.ResponseWriter writer) except? -2
     cpdef Py_ssize_t _end_relay(self, _request_t.ResponseWriter writer, FlowControl flow) except? -2
-    cpdef _feed(self, pieces, end)
+    cpdef _feed(self, bytes buf, end)

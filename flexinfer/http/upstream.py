@@ -10,7 +10,8 @@ client writer from the connection's ``data_received`` (one writer call per read:
 lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
 and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
 that relay from the head callback already, so the first body bytes leave in the read of the head;
-an optional ``tap`` (a :class:`BodyTap`) sees the pieces before they are relayed and may replace them.
+an optional ``tap`` (a :class:`BodyTap`) sees each read's body bytes before they are relayed and may
+replace them.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
@@ -199,17 +200,19 @@ class BodySource(Protocol):
 
 
 class BodyTap:
-    """The observer of a relayed body (``UpstreamResponse.tap``): :meth:`observe` gets the pieces
-    of each client write, before the write, and returns None (write them as they are) or the pieces
-    to write instead. This base observes nothing; the proxy's usage tap
-    (:class:`flexinfer.proxy.usage.UsageTap`) is one. A class and not any callable so that the
-    build calls it as a C method once per upstream read (upstream.pxd: a ``cpdef`` on a typed slot)."""
+    """The observer of a relayed body (``UpstreamResponse.tap``): :meth:`observe` gets the body
+    bytes of each upstream read as one buffer, before they are written, and returns None (write
+    them as they are) or the pieces to write instead. This base observes nothing; the proxy's usage
+    tap (:class:`flexinfer.proxy.usage.UsageTap`) is one. A class and not any callable so that the
+    build calls it as a C method once per upstream read (upstream.pxd: a ``cpdef`` on a typed slot).
+    One buffer and not a list of pieces: a stream's read is one piece (the chunked decoder's
+    payload), and a list made for it cost about 250 instructions per read."""
 
     __slots__ = ()
 
     @cython.annotation_typing(False)  # the cpdef of upstream.pxd
-    def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
-        """The pieces of one client write (``end``: the body ends with them)."""
+    def observe(self, buf: bytes, end: bool) -> list[bytes] | None:
+        """The body bytes of one upstream read, not empty (``end``: the body ends with them)."""
         return None
 
 
@@ -242,8 +245,8 @@ class UpstreamResponse:
         self._client_gone = False
         self._done_cb: Callable[[Any], None] | None = None
         self._done_arg: Any = None
-        #: optional observer of the relayed body: ``tap.observe(pieces, end)`` with the pieces of each
-        #: client write, before the write (``end``: the body ends with them); it returns None or the
+        #: optional observer of the relayed body: ``tap.observe(buf, end)`` with the body bytes of each
+        #: upstream read, before the write (``end``: the body ends with them); it returns None or the
         #: pieces to write instead (the proxy's usage tap strips one event this way); None (the
         #: default) costs one check per read
         self.tap: BodyTap | None = None
@@ -278,34 +281,40 @@ class UpstreamResponse:
             batch.append(piece)
 
     def on_read_end(self, piece: bytes = b"") -> None:
-        """One upstream read is parsed: hand its pieces to the sink in one call; when the read
+        """One upstream read is parsed: hand its body bytes to the sink in one call; when the read
         completed the body, the response is ended in the same call. ``piece``: body bytes of the
         read not given to :meth:`on_body` (the chunked decoder's payload: one call per read)."""
         batch = self._batch
         if piece:
-            if batch is None and self._sink is not None:
-                batch = [piece]
-            else:  # buffered for read(), or after the pieces this read gave already
+            if batch is not None or self._sink is None:  # buffered for read(), or after this read's pieces
                 self.on_body(piece)
                 batch = self._batch
-        if batch is None:
+                piece = b""
+        elif batch is None:
             return
-        self._batch = None
+        if batch is not None:
+            self._batch = None
+            if len(batch) == 1:
+                piece = batch[0]
+            elif batch:  # several pieces in one read (httptools' body callbacks): one buffer
+                piece = b"".join(batch)
         sink = self._sink
-        if not batch or sink is None:
+        if not piece or sink is None:
             return
         end = self._eof
+        out = None
         if self.tap is not None:  # once per read (C method calls in the build)
-            batch = self._feed(batch, end)
+            out = self._feed(piece, end)
         try:
-            if not end and len(batch) == 1:
-                piece = batch[0]
-                sink.write(piece)  # the common case of a paced stream: one event per read
+            if out is None and not end:
+                sink.write(piece)  # the common case of a stream: one read, one client write
                 self._relayed += len(piece)
             else:
-                if batch or end:
-                    sink.writelines(batch, end=end)
-                for piece in batch:
+                if out is None:
+                    out = [piece]
+                if out or end:
+                    sink.writelines(out, end=end)
+                for piece in out:
                     self._relayed += len(piece)
         except Exception as exc:  # e.g. more bytes than the Content-Length the caller declared
             self._sink_error = exc
@@ -405,8 +414,11 @@ class UpstreamResponse:
         buffered = list(self._pieces)
         self._pieces.clear()
         self._buffered = 0
-        if self.tap is not None and buffered:
-            buffered = self._feed(buffered, self._eof and self._error is None)
+        if self.tap is not None and buffered:  # the pieces read before the relay: one buffer for the tap
+            joined = buffered[0] if len(buffered) == 1 else b"".join(buffered)
+            out = self._feed(joined, self._eof and self._error is None)
+            if out is not None:
+                buffered = out
         n = 0
         for piece in buffered:
             n += len(piece)
@@ -502,16 +514,15 @@ class UpstreamResponse:
         return self._relayed
 
     @cython.annotation_typing(False)  # the cpdef of upstream.pxd
-    def _feed(self, pieces: list[bytes], end: bool) -> list[bytes]:
-        """Hand the pieces about to be relayed to the tap: the pieces to write (the tap's answer
-        when it gives one). A tap that fails is dropped (the relay goes on with the pieces as they are)."""
+    def _feed(self, buf: bytes, end: bool) -> list[bytes] | None:
+        """Hand a read's body bytes about to be relayed to the tap: its answer (None: write them as
+        they are). A tap that fails is dropped (the relay goes on with the bytes as they are)."""
         tap = self.tap
         try:
-            out = tap.observe(pieces, end)  # type: ignore[union-attr]
+            return tap.observe(buf, end)  # type: ignore[union-attr]
         except Exception:
             self.tap = None
-            return pieces
-        return pieces if out is None else out
+            return None
 
     def _on_client_gone(self) -> None:
         self._client_gone = True

@@ -11,4 +11,4 @@ cdef long _KEEP, _WHOLE, _USAGE_OBJECT
 cdef class UsageTap(BodyTap):
     cdef public object _feed, _held, _mid, _parsed, _usage, clock, stats, status, strip, stripped, t0, tail, ttft
     @cython.locals(scan=long)
-    cpdef observe(self, pieces, end)
+    cpdef observe(self, buf, end)

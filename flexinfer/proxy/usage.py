@@ -81,7 +81,7 @@ def ask_usage(body: bytes, data: dict[str, Any], model: str | None = None) -> by
 
 
 class UsageTap(BodyTap):
-    """Observes (``observe``, called by ``UpstreamResponse``) the body pieces of each upstream read,
+    """Observes (``observe``, called by ``UpstreamResponse``) the body bytes of each upstream read,
     before they are written: returns None (write them as they are) or the pieces to write instead
     (stripping). Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
 
@@ -113,18 +113,17 @@ class UsageTap(BodyTap):
         self._feed = clock.feed if clock is not None else None
 
     @cython.annotation_typing(False)  # the cpdef of usage.pxd
-    def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
-        """The pieces of one upstream read, before they are written (see the class docstring).
+    def observe(self, buf: bytes, end: bool) -> list[bytes] | None:
+        """The body bytes of one upstream read, before they are written (see the class docstring).
         The common read of a stream (whole events, no usage object) costs one compiled call
         (:class:`flexinfer._speedups.SseClock`: the scan, the clock, the gap's bucket) and no
         copy: only reads that may carry a usage object are kept for :meth:`usage`. ``cpdef`` in the
         build, where ``usage.pxd`` types its scan flags as a C integer (the flag tests of every read
         are C operations)."""
-        if not pieces:
+        # the read as one buffer (the relay's): a burst is scanned once, not piece by piece, and a
+        # marker cut between two pieces of a read is whole
+        if not buf:
             return None
-        # the read as one buffer: a paced stream's read is one piece (no copy); a burst is scanned
-        # once instead of piece by piece (and a marker cut between two pieces of a read is whole)
-        buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         clock = self.clock
         if clock is None:  # not SSE: keep the tail (the usage object ends the body)
             self._keep(buf)

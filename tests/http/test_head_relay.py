@@ -207,11 +207,11 @@ async def test_a_body_tap_sees_each_read_and_may_replace_its_pieces() -> None:
 
     class Upper(BodyTap):  # a Python subclass: the build calls its override through the C method
         def __init__(self) -> None:
-            self.seen: list[tuple[list[bytes], bool]] = []
+            self.seen: list[tuple[bytes, bool]] = []
 
-        def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
-            self.seen.append((list(pieces), end))
-            return [p.upper() for p in pieces]
+        def observe(self, buf: bytes, end: bool) -> list[bytes] | None:
+            self.seen.append((buf, end))
+            return [buf.upper()]
 
     tap = Upper()
 
@@ -222,7 +222,7 @@ async def test_a_body_tap_sees_each_read_and_may_replace_its_pieces() -> None:
     async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
         await up.relay(resp)
 
-    assert BodyTap().observe([b"x"], False) is None  # the base observes nothing
+    assert BodyTap().observe(b"x", False) is None  # the base observes nothing
     async with RawBackend(sse) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
         async with serve(_relaying_handler(pool, head, then)) as server:
@@ -233,5 +233,5 @@ async def test_a_body_tap_sees_each_read_and_may_replace_its_pieces() -> None:
             await reader.readuntil(b"DATA: 1\n\n")
             await reader.readuntil(b"0\r\n\r\n")
             writer.close()
-        assert tap.seen == [([b"data: 0\n\n"], False), ([b"data: 1\n\n"], True)]
+        assert tap.seen == [(b"data: 0\n\n", False), (b"data: 1\n\n", True)]
         await pool.close()

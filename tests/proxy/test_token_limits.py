@@ -159,9 +159,9 @@ def _spy_taps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
 
     class SpyTap(UsageTap):
-        def observe(self, pieces: list[bytes], end: bool) -> list[bytes] | None:
-            seen.append(len(pieces))
-            return super().observe(pieces, end)
+        def observe(self, buf: bytes, end: bool) -> list[bytes] | None:
+            seen.append(1)
+            return super().observe(buf, end)
 
     from flexinfer.proxy import forward, tokenlimits
     monkeypatch.setattr(forward, "UsageTap", SpyTap)
@@ -231,11 +231,11 @@ def test_tap_is_bounded_and_counts_content_events() -> None:
     tap.start(200, True, False, time.perf_counter(), None)
     ev = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
     role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
-    tap.observe([role, ev * 1000], False)
-    tap.observe([ev] * 5000, False)
+    tap.observe(role + ev * 1000, False)
+    tap.observe(ev * 5000, False)
     assert tap.events == 6000
     assert len(tap.tail) <= 2 * 16 * 1024
-    tap.observe([b"x" * 100_000], False)
+    tap.observe(b"x" * 100_000, False)
     assert len(tap.tail) == 16 * 1024
 
 
