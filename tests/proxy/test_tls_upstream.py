@@ -70,7 +70,12 @@ def check_answers(base: str, model: str, stub: StubEngine, key: str = "client-ke
     for _ in range(8):
         c.chat.completions.create(model=model, messages=MSGS)
     assert len(stub.requests) == 10
-    assert stub.connections_total == 1  # 10 requests, one TLS connection kept alive by the proxy's pool
+    # one TLS connection kept alive by the proxy's pool. The stream may cost one more: the openai
+    # client closes a stream's response at its [DONE] event, and when that close reaches the proxy
+    # before the backend's last chunk does (a loaded machine), the unfinished upstream connection
+    # is abandoned, never reused (seen about once in 40 runs under load, with either build)
+    assert stub.connections_total <= 2
+    assert len({r.conn_id for r in stub.requests[2:]}) == 1  # 8 requests in a row: one connection
     return c
 
 
