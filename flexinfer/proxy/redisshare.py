@@ -163,9 +163,10 @@ class RedisShare:
         if not self.url or self._loop_task is not None:
             return
         self._closing = False
+        # the asyncio Retry: redis 8.2 warns of a sync one given to an asyncio client (and converts it)
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         self._client = aioredis.Redis.from_url(
             self.url, socket_timeout=None, socket_connect_timeout=self.timeout,
