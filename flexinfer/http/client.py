@@ -128,7 +128,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.head_due = 0.0  # response-start deadline of the exchange (0: none)
         self.idle_watch = False  # a body is expected: silence longer than stream_idle_timeout fails it
         self.expect_response = False
-        self.rx = 0
+        self.rx = False  # a byte of the current exchange's response arrived (set per read: no count kept)
         self.head_raw = 0
         self.in_head = False
         self.interim = False
@@ -191,7 +191,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             self.transport.abort()
             return
         n = len(data)
-        self.rx += n
+        self.rx = True
         self.last_rx = self._time()
         body = self.chunks
         if body is None:
@@ -376,7 +376,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.waiter = waiter
         self.on_head = on_head
         self.resp = None
-        self.rx = 0
+        self.rx = False
         self.head_raw = 0
         self.in_head = True
         self.interim = False
@@ -405,7 +405,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         resp = self.resp
         self.resp = None
         if waiter is not None and not waiter.done():
-            if allow_retry and self.reused and self.rx == 0:
+            if allow_retry and self.reused and not self.rx:
                 waiter.set_exception(_ReuseFailed(err))
             else:
                 waiter.set_exception(err)
