@@ -285,21 +285,16 @@ class UpstreamResponse:
         completed the body, the response is ended in the same call. ``piece``: body bytes of the
         read not given to :meth:`on_body` (the chunked decoder's payload: one call per read)."""
         batch = self._batch
-        if piece:
-            if batch is not None or self._sink is None:  # buffered for read(), or after this read's pieces
-                self.on_body(piece)
-                batch = self._batch
-                piece = b""
-        elif batch is None:
-            return
-        if batch is not None:
+        if batch is not None:  # pieces on_body collected for the sink (httptools' body callbacks)
             self._batch = None
-            if len(batch) == 1:
-                piece = batch[0]
-            elif batch:  # several pieces in one read (httptools' body callbacks): one buffer
-                piece = b"".join(batch)
+            if piece:
+                batch.append(piece)
+            piece = batch[0] if len(batch) == 1 else b"".join(batch)
+        elif not piece:
+            return
         sink = self._sink
-        if not piece or sink is None:
+        if sink is None:  # nobody relays (a batch is only collected while somebody does): for read()
+            self.on_body(piece)
             return
         end = self._eof
         out = None
@@ -415,8 +410,7 @@ class UpstreamResponse:
         self._pieces.clear()
         self._buffered = 0
         if self.tap is not None and buffered:  # the pieces read before the relay: one buffer for the tap
-            joined = buffered[0] if len(buffered) == 1 else b"".join(buffered)
-            out = self._feed(joined, self._eof and self._error is None)
+            out = self._feed(b"".join(buffered), self._eof and self._error is None)
             if out is not None:
                 buffered = out
         n = 0
