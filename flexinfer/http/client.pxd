@@ -19,7 +19,7 @@ cdef class _Conn(_Compiled):
     cdef public object _chunk_feed, _time, broken, checked_out, chunks, close_delimited, cut, expect_response, hdr_bytes, head_due
     cdef public list headers
     cdef public object head_only, head_raw, idle_since, idle_watch, in_head, interim, keep_alive, last_rx
-    cdef public object loop, lost, msg_done, on_head, parser, paused, poller, reused, rx
+    cdef public object loop, lost, msg_done, on_head, parser, paused, poller, reused
     cdef public UpstreamPool pool
     cdef public _upstream_t.UpstreamResponse resp
     cdef public object timer, timer_at, transport, waiter

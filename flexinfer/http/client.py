@@ -101,7 +101,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         "_chunk_feed", "_time", "broken", "checked_out", "chunks", "close_delimited", "cut",
         "expect_response", "hdr_bytes", "head_due", "head_only", "head_raw", "headers", "idle_since", "idle_watch",
         "in_head", "interim", "keep_alive", "last_rx", "loop", "lost", "msg_done", "on_head", "parser", "paused",
-        "poller", "pool", "resp", "reused", "rx", "timer", "timer_at", "transport", "waiter",
+        "poller", "pool", "resp", "reused", "timer", "timer_at", "transport", "waiter",
     )
 
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
@@ -128,8 +128,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.head_due = 0.0  # response-start deadline of the exchange (0: none)
         self.idle_watch = False  # a body is expected: silence longer than stream_idle_timeout fails it
         self.expect_response = False
-        self.rx = False  # a byte of the current exchange's response arrived (set per read: no count kept)
-        self.head_raw = 0
+        self.head_raw = 0  # bytes read of the exchange's response head (0: no byte of the response yet)
         self.in_head = False
         self.interim = False
         self.head_only = False
@@ -191,7 +190,6 @@ class _Conn(_Compiled, asyncio.Protocol):
             self.transport.abort()
             return
         n = len(data)
-        self.rx = True
         self.last_rx = self._time()
         body = self.chunks
         if body is None:
@@ -376,7 +374,6 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.waiter = waiter
         self.on_head = on_head
         self.resp = None
-        self.rx = False
         self.head_raw = 0
         self.in_head = True
         self.interim = False
@@ -405,7 +402,8 @@ class _Conn(_Compiled, asyncio.Protocol):
         resp = self.resp
         self.resp = None
         if waiter is not None and not waiter.done():
-            if allow_retry and self.reused and not self.rx:
+            # head_raw counts from the response's first byte (the head comes first): 0, nothing arrived
+            if allow_retry and self.reused and self.head_raw == 0:
                 waiter.set_exception(_ReuseFailed(err))
             else:
                 waiter.set_exception(err)
