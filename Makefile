@@ -8,25 +8,40 @@ endif
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# The versions the venv gets: those `make test` last passed with (constraints.txt; `make constraints`).
+CONSTRAINTS := $(CURDIR)/constraints.txt
 HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
 
 .PHONY: run test gate bench bench-instr lint ext clean venv wrk valgrind redis-server llama image image-tools image-bases test-image reliability
+.PHONY: constraints
 .PHONY: docker-registry
 
 $(PY):
 	@echo "==> making $(VENV) from $(PYTHON) ($$($(PYTHON) -c 'import sys; print(sys.version.split()[0])'))"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -U pip setuptools wheel
+	$(PIP) install -c $(CONSTRAINTS) -U pip setuptools wheel
 
-# Re-install when the package metadata changes; the stamp keeps repeated runs fast.
-$(VENV)/.installed: pyproject.toml setup.py | $(PY)
-	$(PIP) install "Cython>=3.0" setuptools wheel
-	$(PIP) install -e '.[test,kube,dev]'
+# Re-install when the package metadata or the pinned versions change; the stamp keeps repeated runs fast.
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt | $(PY)
+	$(PIP) install -c $(CONSTRAINTS) pip setuptools wheel Cython
+	$(PIP) install -c $(CONSTRAINTS) -e '.[test,kube,dev]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Refresh constraints.txt to the latest releases (a scratch venv, no compiling); then run `make test`
+# from a fresh clone and commit the file with the reason. tests/test_constraints.py checks its shape.
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip --disable-pip-version-check -q install -U pip setuptools wheel Cython
+	FLEXINFER_NO_EXTENSIONS=1 .venv-constraints/bin/python -m pip --disable-pip-version-check -q install -e '.[test,kube,dev]'
+	{ sed -n '/^#/p' constraints.txt; .venv-constraints/bin/python -m pip --disable-pip-version-check freeze --all --exclude-editable | LC_ALL=C sort -f; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .venv-constraints
+	@git diff --stat -- constraints.txt
 
 # Compile the Cython speedups in place (a no-op that keeps pure Python when no compiler exists).
 ext: venv
@@ -34,7 +49,7 @@ ext: venv
 
 # llama.cpp's server and the SmolLM2 model: the wheel is built once per machine into a cache.
 $(VENV)/.llama: scripts/ensure-llama.sh | $(VENV)/.installed
-	scripts/ensure-llama.sh $(PY)
+	FLEXINFER_CONSTRAINTS=$(CONSTRAINTS) scripts/ensure-llama.sh $(PY)
 	touch $@
 
 llama: $(VENV)/.llama

