@@ -31,14 +31,16 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt | $(PY)
 
 venv: $(VENV)/.installed
 
-# Refresh constraints.txt to the latest releases (a scratch venv, no compiling); then run `make test`
+# Refresh constraints.txt to the latest releases (a scratch venv; the llama.cpp wheel from its cache); then run `make test`
 # from a fresh clone and commit the file with the reason. tests/test_constraints.py checks its shape.
 constraints:
 	rm -rf .venv-constraints
 	$(PYTHON) -m venv .venv-constraints
 	.venv-constraints/bin/python -m pip --disable-pip-version-check -q install -U pip setuptools wheel Cython
 	FLEXINFER_NO_EXTENSIONS=1 .venv-constraints/bin/python -m pip --disable-pip-version-check -q install -e '.[test,kube,dev]'
-	{ sed -n '/^#/p' constraints.txt; .venv-constraints/bin/python -m pip --disable-pip-version-check freeze --all --exclude-editable | LC_ALL=C sort -f; } > constraints.txt.new
+	scripts/ensure-llama.sh .venv-constraints/bin/python  # the llama.cpp server's own dependencies too
+	{ sed -n '/^#/p' constraints.txt; .venv-constraints/bin/python -m pip --disable-pip-version-check freeze --all \
+	  --exclude-editable | grep -v ' @ ' | LC_ALL=C sort -f; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 	rm -rf .venv-constraints
 	@git diff --stat -- constraints.txt
