@@ -223,3 +223,38 @@ def head_block(tuple lead not None, headers, dict rules not None, tuple tail not
         p += 2
     _put(p, tail)
     return out
+
+
+cdef extern from "string.h":
+    void* memmem(const void* hay, size_t hlen, const void* needle, size_t nlen) nogil
+    int memcmp(const void* a, const void* b, size_t n) nogil
+
+_V11 = "1.1"
+_V10 = "1.0"
+_NO_HEAD = (-1, None)
+
+
+def request_head(bytes data not None, Py_ssize_t pos):
+    """Where the request head that starts at ``data[pos]`` ends, and the version its request line
+    plainly names (see headscan_py): ``memmem`` for the blank line, ``memchr`` for the first LF and
+    the space ahead of the version."""
+    cdef const char* b = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef const char* hit
+    cdef Py_ssize_t end, k
+    if pos < 0:
+        pos = 0
+    if pos >= n:
+        return _NO_HEAD
+    hit = <const char*>memmem(b + pos, n - pos, b"\r\n\r\n", 4)
+    if hit == NULL:
+        return _NO_HEAD
+    end = hit - b + 4
+    k = <const char*>memchr(b + pos, 10, end - pos) - b  # found: the blank line's at the latest
+    if (k - 10 >= pos and b[k - 1] == 13 and b[k - 10] == 32 and memcmp(b + k - 9, b"HTTP/1.", 7) == 0
+            and memchr(b + pos, 32, k - 10 - pos) != NULL):
+        if b[k - 2] == 49:
+            return (end, _V11)
+        if b[k - 2] == 48:
+            return (end, _V10)
+    return (end, None)

@@ -7,6 +7,9 @@ Owns: :func:`head_lines_ok`, which says whether a head built from ``lines`` line
 so any other count means a name or value carried a CR, LF or NUL that could split the message.
 :func:`head_block` builds such a head (lines given by the caller around a list of headers) in one
 pass, for the common case only: it answers None wherever the caller's own builder must decide.
+:func:`request_head` finds where a request head that arrived in one read ends, and the version
+its request line plainly names, so the server need not ask its parser for the version (httptools
+formats it as a new string per call).
 Must not: import anything of ours.
 """
 
@@ -66,3 +69,25 @@ def head_block(lead: tuple[bytes, ...], headers: list[tuple[bytes, bytes]] | tup
         return None
     parts += tail
     return b"".join(parts)
+
+
+def request_head(data: bytes, pos: int) -> tuple[int, str | None]:
+    """Where the request head that starts at ``data[pos]`` ends (the offset just after its first
+    CRLF CRLF; -1 when that has not arrived), and the version its request line names when the
+    line plainly is ``METHOD SP target SP HTTP/1.x CR LF``: up to its first LF it holds a space
+    before the one ahead of ``HTTP/1.``, and a CR before the LF; ``"1.1"`` or ``"1.0"``. None
+    otherwise (an incomplete head, leading empty lines, another version or form): the caller asks
+    its HTTP parser, which also decides whether the line is valid at all."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"request_head() takes bytes, not {type(data).__name__}")
+    pos = max(pos, 0)
+    i = data.find(b"\r\n\r\n", pos)
+    if i == -1:
+        return -1, None
+    end = i + 4
+    k = data.find(b"\n", pos, end)  # found: the blank line's at the latest
+    if (k - 10 >= pos and data[k - 1] == 13 and data[k - 10] == 32 and data[k - 9:k - 2] == b"HTTP/1."
+            and data.find(b" ", pos, k - 10) != -1):
+        minor = data[k - 2]
+        return end, "1.1" if minor == 49 else "1.0" if minor == 48 else None
+    return end, None

@@ -17,7 +17,7 @@ cdef class HttpProtocol(Closing):
     cdef public object _body_len, _body_limit, _body_parts, _cb_exc, _chunk_mark, _chunk_min, _chunk_slice_min
     cdef public object _continue, _feed_len, _handler, _head_limit, _headers, _length, _max_hdr_bytes
     cdef public object _max_headers, _max_url, _parser, _peer, _pending, _phase, _queue, _raw, _server
-    cdef public object _tail, _url, _url_len, _write_wait
+    cdef public object _tail, _url, _url_len, _version, _write_wait
     cdef public _request_t.Request _req
     cpdef _reset_message(self)
     cpdef _next(self)

@@ -40,6 +40,7 @@ try:
 except ImportError:  # no Cython here: its decorators do nothing in pure Python
     from flexinfer import _nocython as cython  # type: ignore[no-redef]
 
+from flexinfer._speedups import request_head
 from flexinfer.errors import FlexInferError, InternalError
 from flexinfer.http.closing import DL_BODY, DL_FRESH, DL_HEADER, DL_KEEPALIVE, DL_WRITE, LINGER_BYTES, Closing
 from flexinfer.http.flow import ClientGone, FlowControl
@@ -122,6 +123,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         "_transport",
         "_url",
         "_url_len",
+        "_version",
         "_write_wait",
         "flow",
         "loop",
@@ -148,6 +150,9 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._raw = 0
         self._feed_len = 0
         self._tail = b""  # the last bytes of a head that continues in the next read
+        # the version the request line of a head that came in one slice plainly names (None: the
+        # parser says; its get_http_version formats a new string per call)
+        self._version: str | None = None
         self._length = 0  # Content-Length of the body being read
         self._chunk_min = 0  # framing bytes of the chunks read so far (size digits, CRLFs)
         self._chunk_mark = 0  # body bytes at the end of the last chunk
@@ -245,7 +250,8 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._feed(data)
 
     # ---- parsing ----------------------------------------------------------------------------
-    def _feed(self, data: bytes | bytearray) -> None:
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
+    def _feed(self, data: bytes) -> None:
         """Parse ``data`` in slices that end where a message's head or Content-Length body ends
         (and, inside a chunked body, at most the room left for chunk metadata), so that every
         slice belongs to one phase of one message and the raw-byte limits count exact bytes."""
@@ -260,9 +266,11 @@ class HttpProtocol(Closing, asyncio.Protocol):
                 if phase == _HEAD and pos == 0 and self._tail:
                     i = self._split_head_end(data)
                 if i == -1:
-                    i = data.find(b"\r\n\r\n", pos)
+                    i, version = request_head(data, pos)
                     if i != -1:
-                        end = i + 4
+                        end = i
+                    if phase == _IDLE:  # a message begins in this slice (or empty lines come first)
+                        self._version = version
                 else:
                     end = i
             elif phase == _BODY:
@@ -281,7 +289,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
                 return
             pos = end
 
-    def _split_head_end(self, data: bytes | bytearray) -> int:
+    def _split_head_end(self, data: bytes) -> int:
         """Where a head whose blank line began in the previous read ends in ``data`` (-1: it did not)."""
         tail = self._tail
         j = (tail + data[:3]).find(b"\r\n\r\n")
@@ -371,7 +379,11 @@ class HttpProtocol(Closing, asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         p = self._parser
-        version = p.get_http_version()
+        version = self._version
+        if version is None:
+            version = p.get_http_version()
+        else:
+            self._version = None
         url = self._url
         try:
             method = request_line(version, p.get_method(), url)
@@ -568,7 +580,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         if pending:
             self._pending = None
             self.flow.resume_reading()
-            self._feed(pending)
+            self._feed(bytes(pending))
         else:
             self.flow.resume_reading()
 

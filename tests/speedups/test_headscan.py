@@ -1,12 +1,13 @@
-"""headscan: the framing check of a head we wrote, compiled twin against the reference."""
+"""headscan: the framing check of a head we wrote and where a request head ends (with its version), compiled twin against the reference."""
 
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Any
 
+import httptools
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.speedups.conftest import load
@@ -198,3 +199,91 @@ def test_head_block_twins_agree_with_the_contract(headers: list[tuple[bytes, byt
     httptools.HttpRequestParser(_P()).feed_data(expected + b"{}")
     kept = [(n, v.strip(b" \t")) for n, v in headers if n not in RULES]  # (the parser trims the OWS)
     assert [(n, v.strip(b" \t")) for n, v in seen] == [*kept, (b"host", b"up:8000"), (b"content-length", b"2")]
+
+
+# ---- request_head: where a request head ends, and the version its line plainly names ----------
+
+@pytest.mark.parametrize(("data", "pos", "want"), [
+    (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", 0, (27, "1.1")),
+    (b"POST /v1/chat HTTP/1.0\r\n\r\n{}", 0, (26, "1.0")),
+    (b"xxGET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.0\r\n\r\n", 2, (21, "1.1")),
+    (b"xxGET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.0\r\n\r\n", 21, (40, "1.0")),
+    (b"GET / HTTP/1.1\r\nhost: x\r\n", 0, (-1, None)),  # the head has not all arrived
+    (b"", 0, (-1, None)),
+    (b"GET / HTTP/1.1\r\n\r\n", 30, (-1, None)),  # past the end
+    (b"GET / HTTP/1.1\r\n\r\n", -4, (18, "1.1")),  # (a negative start is the start)
+    (b"\r\nGET / HTTP/1.1\r\n\r\n", 0, (20, None)),  # an empty line first: the parser decides
+    (b"GET / HTTP/1.1\nhost: x\r\n\r\n", 0, (26, None)),  # a bare LF ends the line
+    (b"GET /HTTP/1.1\r\n\r\n", 0, (17, None)),  # no target before the version: HTTP/0.9's form
+    (b"GET HTTP/1.1\r\n\r\n", 0, (16, None)),  # one space only
+    (b"GET / HTTP/1.1 \r\n\r\n", 0, (19, None)),  # a space after the version
+    (b"GET / HTTP/2.0\r\n\r\n", 0, (18, None)),
+    (b"GET / HTTP/1.2\r\n\r\n", 0, (18, None)),
+    (b"GET / http/1.1\r\n\r\n", 0, (18, None)),
+    (b"GET / HTTP/1.1\r\nx: y HTTP/1.0\r\n\r\n", 0, (33, "1.1")),  # only the first line counts
+    (b"GET /x\nx: a HTTP/1.1\r\n\r\n", 0, (24, None)),  # ... the first LF's line, not the first CRLF's
+])
+def test_request_head_cases(headscan: ModuleType, data: bytes, pos: int, want: tuple[int, str | None]) -> None:
+    assert headscan.request_head(data, pos) == want
+
+
+def test_request_head_takes_bytes_only(headscan: ModuleType) -> None:
+    with pytest.raises(TypeError):
+        headscan.request_head(bytearray(b"GET / HTTP/1.1\r\n\r\n"), 0)
+
+
+# request lines near the valid form (each part valid, missing or wrong), then header-ish pieces
+_REQ_LINE = st.tuples(
+    st.sampled_from([b"GET", b"POST", b"", b"G\x00T"]),
+    st.sampled_from([b" ", b"  ", b"", b"\t"]),
+    st.sampled_from([b"/", b"/v1/x?a=b", b"*", b"http://h/p", b"", b"/HTTP/1.1", b"/a b"]),
+    st.sampled_from([b" ", b"  ", b"", b"\t"]),
+    st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/1.", b"HTTP/0.9", b"HTTP/2", b"HTTP/1.1 ", b"http/1.1", b""]),
+    st.sampled_from([b"\r\n", b"\n", b"\r", b"\r\r\n", b""]),
+).map(b"".join)
+_REQ_PIECES = st.sampled_from([b"GET", b" ", b"/", b"HTTP/1.1", b"HTTP/1.0", b"\r\n", b"\n", b"\r", b"host: x",
+                               b"\r\n\r\n", b"\x00", b"a"])
+
+
+def _parser_version(head: bytes) -> str | None:
+    """The version httptools reads off ``head`` at headers-complete, None when it refuses the head
+    before that (the server never uses request_head's answer then)."""
+    got: list[str] = []
+
+    class Sink:
+        def on_headers_complete(self) -> None:
+            got.append(parser.get_http_version())
+
+    parser = httptools.HttpRequestParser(Sink())
+    try:
+        parser.feed_data(head)
+    except httptools.HttpParserError:
+        pass
+    return got[0] if got else None
+
+
+@given(st.sampled_from([b"", b"\r\n", b"\n"]), _REQ_LINE, st.lists(_REQ_PIECES, max_size=8), st.integers(0, 3))
+@example(b"", b"GET /HTTP/1.1\r\n", [], 0)  # HTTP/0.9's form: the parser reads 0.9
+@example(b"", b"GET /\r\n", [b"a HTTP/1.1", b"\r\n"], 1)
+@settings(max_examples=3000, deadline=None)
+def test_request_head_twins_agree_and_never_contradict_the_parser(first: bytes, line: bytes, pieces: list[bytes],
+                                                                  lead: int) -> None:
+    data = b"x" * lead + first + line + b"".join(pieces) + b"\r\n\r\n"
+    want = load("headscan", "py").request_head(data, lead)
+    try:
+        assert load("headscan", "c").request_head(data, lead) == want
+    except pytest.skip.Exception:
+        pass
+    end, version = want
+    assert end == data.find(b"\r\n\r\n", lead) + 4
+    if version is not None:  # where the parser takes the head, it reads the same version
+        parsed = _parser_version(data[lead:end])
+        assert parsed is None or parsed == version, (data, parsed, version)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+@pytest.mark.parametrize("target", [b"/", b"/v1/chat/completions?x=1", b"*", b"http://h:1/p"])
+def test_request_head_version_is_the_parsers(headscan: ModuleType, version: str, target: bytes) -> None:
+    head = b"OPTIONS " + target + b" HTTP/" + version.encode() + b"\r\nhost: h\r\n\r\n"
+    assert headscan.request_head(head, 0) == (len(head), version)
+    assert _parser_version(head) == version
