@@ -22,6 +22,7 @@ cdef class HttpProtocol(Closing):
     cpdef _reset_message(self)
     cpdef _next(self)
     cpdef _start(self, req)
+    @cython.locals(n=Py_ssize_t, pos=Py_ssize_t, end=Py_ssize_t, i=Py_ssize_t)
     cpdef _feed(self, data)
     cpdef _feed_slice(self, data, phase)
     cpdef _admit(self, ctype, length)
