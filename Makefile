@@ -33,14 +33,16 @@ venv: $(VENV)/.installed
 
 # Refresh constraints.txt to the latest releases (a scratch venv; the llama.cpp wheel from its cache); then run `make test`
 # from a fresh clone and commit the file with the reason. tests/test_constraints.py checks its shape.
+constraints: CPY := .venv-constraints/bin/python
+constraints: CPIP = $(CPY) -m pip --disable-pip-version-check -q
 constraints:
 	rm -rf .venv-constraints
 	$(PYTHON) -m venv .venv-constraints
-	.venv-constraints/bin/python -m pip --disable-pip-version-check -q install -U pip setuptools wheel Cython
-	FLEXINFER_NO_EXTENSIONS=1 .venv-constraints/bin/python -m pip --disable-pip-version-check -q install -e '.[test,kube,dev]'
-	scripts/ensure-llama.sh .venv-constraints/bin/python  # the llama.cpp server's own dependencies too
-	{ sed -n '/^#/p' constraints.txt; .venv-constraints/bin/python -m pip --disable-pip-version-check freeze --all \
-	  --exclude-editable | grep -v ' @ ' | LC_ALL=C sort -f; } > constraints.txt.new
+	$(CPIP) install -U pip setuptools wheel Cython
+	FLEXINFER_NO_EXTENSIONS=1 $(CPIP) install -e '.[test,kube,dev]'
+	scripts/ensure-llama.sh $(CPY)  # the llama.cpp server's own dependencies too
+	{ sed -n '/^#/p' constraints.txt; $(CPIP) freeze --all --exclude-editable | grep -v ' @ ' | LC_ALL=C sort -f; } \
+	  > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 	rm -rf .venv-constraints
 	@git diff --stat -- constraints.txt

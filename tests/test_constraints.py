@@ -49,6 +49,7 @@ def requirements() -> list[Requirement]:
 
 
 PINS = pins((ROOT / "constraints.txt").read_text())
+REQUIREMENTS = requirements()
 
 
 def test_pins_parse_and_refuse_other_lines() -> None:
@@ -58,7 +59,7 @@ def test_pins_parse_and_refuse_other_lines() -> None:
             pins(bad)
 
 
-@pytest.mark.parametrize("req", requirements(), ids=str)
+@pytest.mark.parametrize("req", REQUIREMENTS, ids=str)
 def test_every_requirement_is_pinned_within_its_bounds(req: Requirement) -> None:
     name = canonicalize_name(req.name)
     assert name in PINS, f"{req.name} has no pin in constraints.txt (run `make constraints`)"
@@ -66,7 +67,7 @@ def test_every_requirement_is_pinned_within_its_bounds(req: Requirement) -> None
         f"constraints.txt pins {req.name}=={PINS[name]}, outside pyproject.toml's {req.specifier}"
 
 
-@pytest.mark.parametrize("req", requirements(), ids=str)
+@pytest.mark.parametrize("req", REQUIREMENTS, ids=str)
 def test_the_venv_has_the_pinned_version(req: Requirement) -> None:
     try:
         installed = Version(importlib.metadata.version(req.name))
