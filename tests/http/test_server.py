@@ -134,6 +134,21 @@ async def test_chunk_metadata_under_the_limit_with_pipelined_requests_behind_it(
         assert server.stats.rejections == {}
 
 
+async def test_version_of_a_request_that_begins_inside_a_chunked_body_slice() -> None:
+    # the server reads a request line's version itself only for a slice that starts with the head;
+    # a request whose head begins in the slice that ends a chunked body is the parser's to read, and
+    # must not inherit the version of the request before it (1.1 here, then 1.0: the answer closes)
+    handler = RecordingHandler()
+    async with serve(handler) as server:
+        data = CHUNKED_HEAD + b"3\r\nabc\r\n0\r\n\r\n" + b"GET /ten HTTP/1.0\r\nHost: a\r\n\r\n"
+        ex = await exchange(server.port, data, timeout=3.0)
+        resps = parse_responses(ex.data)
+        assert [(r.status, r.body) for r in resps] == [(200, b"abc"), (200, b"ok /ten")]
+        assert [(r.path, r.version, r.keep_alive) for r in handler.seen_headers] == \
+            [("/echo", "1.1", True), ("/ten", "1.0", False)]
+        assert ex.eof
+
+
 async def test_large_chunked_body_in_many_chunks_is_accepted() -> None:
     handler = RecordingHandler()
     settings = fast_settings(max_body_json=4 * 1024 * 1024)
