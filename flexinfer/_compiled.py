@@ -37,6 +37,7 @@ MODULES: tuple[str, ...] = (
     "flexinfer.http.head",
     "flexinfer.http.responses",
     "flexinfer.http.request",
+    "flexinfer.http.task",
     "flexinfer.http.protocol",
     "flexinfer.http.client",
     "flexinfer.http.upstream",

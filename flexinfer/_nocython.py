@@ -21,6 +21,9 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: ``cython.compiled``: False outside a build (a source branches on it where the build calls C).
+compiled = False
+
 
 def annotation_typing(enabled: bool) -> Callable[[F], F]:
     """``@cython.annotation_typing(False)``: the build ignores the function's annotations, so that

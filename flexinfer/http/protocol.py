@@ -47,6 +47,7 @@ from flexinfer.http.flow import ClientGone, FlowControl
 from flexinfer.http.head import Rejected, keeps_alive_10, read_headers, request_line
 from flexinfer.http.request import Request, ResponseWriter
 from flexinfer.http.responses import CONTINUE_100
+from flexinfer.http.task import RequestTask
 
 if TYPE_CHECKING:
     from flexinfer.http.server import HTTPServer
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["ClientGone", "Handler", "HttpProtocol", "Request", "ResponseWriter"]
 
 log = logging.getLogger("flexinfer.http")
-_Task = asyncio.Task
 _TASK_NAME = "flexinfer-request"
 
 KiB = 1024
@@ -495,10 +495,9 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._active = w
         self.deadline = 0.0
         self._stats.requests_total += 1
-        # asyncio.Task itself, as loop.create_task makes it when no task factory is set (flexinfer
-        # sets none), named: create_task's wrapper and the "Task-<n>" name the Task would format
-        # per request cost about 2,700 instructions of the request's ~200k (bench/instr.py)
-        w.task = _Task(self._run(req, w), loop=self.loop, name=_TASK_NAME)
+        # a RequestTask, not an asyncio.Task: the same steps and cancellation without CPython
+        # 3.11's registration of every Task in a WeakSet, run as Python (task.py says what differs)
+        w.task = RequestTask(self._run(req, w), self.loop, _TASK_NAME)
 
     async def _run(self, req: Request, w: ResponseWriter) -> None:
         try:

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 try:
     import cython
@@ -43,6 +43,9 @@ from flexinfer.http.responses import (
     LAST_CHUNK,
     status_line,
 )
+
+if TYPE_CHECKING:
+    from flexinfer.http.task import RequestTask
 
 __all__ = ["Connection", "Request", "ResponseWriter"]
 
@@ -131,7 +134,7 @@ class ResponseWriter:
         self._callbacks: list[Callable[[], None]] | None = None
         self._cancel_task = False
         #: connection side: the task running the handler (set by the connection)
-        self.task: asyncio.Task[None] | None = None
+        self.task: RequestTask | None = None
         self.started = False
         self.finished = False
         self.disconnected = False

@@ -14,7 +14,6 @@ CI runs ``FLEXINFER_REL_TRIALS`` (default 50) trials; the ``reliability`` run 1,
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import socket
@@ -23,7 +22,7 @@ import time
 import pytest
 
 from tests.proxy.conftest import Stack
-from tests.proxy.test_faults import raw_request, read_head
+from tests.proxy.test_faults import raw_request, read_head, tasks_in_flight
 
 CI_TRIALS = int(os.environ.get("FLEXINFER_REL_TRIALS", "50"))
 
@@ -65,12 +64,12 @@ def abort_trials(proxy: Stack, n: int) -> dict[str, float]:
     one()  # warm the pools and the code paths
     assert _wait(lambda: stub.open_connections == 0)
     gc.collect()
-    fds0, tasks0 = _fds(), proxy.call(lambda: len(asyncio.all_tasks()))
+    fds0, tasks0 = _fds(), proxy.call(tasks_in_flight)
     requests0 = len(stub.requests)
     delays = [one() for _ in range(n)]
     assert _wait(lambda: stub.open_connections == 0, 5), f"{stub.open_connections} upstream connections leaked"
     assert _wait(lambda: proxy.call(lambda: server.stats.connections_active) == 0, 5)
-    assert _wait(lambda: proxy.call(lambda: len(asyncio.all_tasks())) <= tasks0, 5), "tasks leaked"
+    assert _wait(lambda: proxy.call(tasks_in_flight) <= tasks0, 5), "tasks leaked"
     gc.collect()
     assert _wait(lambda: _fds() <= fds0 + 5, 5), (_fds(), fds0)
     assert len(stub.requests) - requests0 == n  # each stream sent upstream once
@@ -78,7 +77,7 @@ def abort_trials(proxy: Stack, n: int) -> dict[str, float]:
     assert all(v == 0 for v in inflight.values()), inflight
     out = {"trials": n, "p50_ms": _p(delays, 0.5) * 1e3, "p99_ms": _p(delays, 0.99) * 1e3,
            "max_ms": max(delays) * 1e3, "fds_delta": _fds() - fds0,
-           "tasks_delta": proxy.call(lambda: len(asyncio.all_tasks())) - tasks0,
+           "tasks_delta": proxy.call(tasks_in_flight) - tasks0,
            "upstream_open": stub.open_connections}
     print(f"\nF8 client aborts: {out}")
     assert out["p99_ms"] <= 1000.0, out

@@ -1,0 +1,205 @@
+"""The task that runs one request's handler: asyncio.Task's behaviour, without its registration.
+
+Owns: :class:`RequestTask`, which drives the coroutine ``HttpProtocol`` makes for each request as
+:class:`asyncio.Task` would (first step on the next loop turn, one step per completed future, the
+handler's own context, cancellation, ``asyncio.current_task()`` inside it, so ``asyncio.timeout``,
+``asyncio.shield`` and ``Task.cancelling()`` work as they do in a Task), and :func:`live`, how many
+are unfinished.
+
+Why not asyncio.Task (issue 15): on CPython 3.11 each Task registers in ``asyncio.tasks._all_tasks``,
+a ``weakref.WeakSet`` whose ``add`` and ``_remove`` run as Python code (with the Task's name and
+its other bookkeeping, about 5k of a plain request's ~137k instructions, ``bench/instr.py``); and a
+request task is never awaited, gathered or listed: the writer holds it to cancel it, and nothing
+else. The build also resumes the coroutine with ``PyIter_Send``, as the C Task does (task.pxd).
+What it leaves out, on purpose: ``asyncio.all_tasks()`` does not list it (:func:`live` counts it,
+and the leak tests read that); it has no result, exception or done callbacks (nobody awaits it); an
+exception other than CancelledError that escapes the coroutine (the protocol's ``_run`` catches
+every Exception, so only a BaseException) goes to the loop's exception handler at once, where a
+Task would keep it until it is garbage collected; KeyboardInterrupt and SystemExit propagate, as
+from a Task.
+
+Context: as a Task, it copies the context it is made in and runs every step in that one copy
+(``call_soon`` and ``add_done_callback`` with ``context=``): what the handler sets in a ContextVar
+stays inside the request and a token from one step resets the variable in a later one (the
+tracing's span, flexinfer/proxy/tracing.py).
+
+Must not: run a step before the loop's next turn (measured: starting the handler inside the read
+costs more than it saves, docs/first-event.md), or swallow a cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from asyncio import tasks as _tasks
+from collections.abc import Coroutine
+from typing import Any
+
+try:
+    import cython
+except ImportError:  # no Cython here: its decorators do nothing in pure Python
+    from flexinfer import _nocython as cython  # type: ignore[no-redef]
+
+__all__ = ["RequestTask", "live"]
+
+_CancelledError = asyncio.CancelledError
+_copy_context = contextvars.copy_context
+_Future = asyncio.Future
+#: The dict behind ``asyncio.current_task()`` (loop -> its running task): C ``_asyncio``'s own on
+#: CPython, ``asyncio.tasks``' where the C accelerator is missing; ``_enter_task`` writes it.
+_current: dict[Any, Any] = _tasks._current_tasks  # type: ignore[attr-defined]
+
+#: Request tasks made and not finished (leak tests read it through live()).
+_live: list[int] = [0]
+
+
+#: What _send and _throw return when the coroutine returned (its value, always None here, is dropped).
+_DONE: Any = object()
+
+
+def _send(coro: Coroutine[Any, Any, None]) -> Any:
+    """Resume ``coro``: what it yields next, or _DONE. (The build sends with ``PyIter_Send``, which
+    reports the return without raising StopIteration: task.pxd's ``_send_c``.)"""
+    try:
+        return coro.send(None)
+    except StopIteration:
+        return _DONE
+
+
+def _throw(coro: Coroutine[Any, Any, None], exc: BaseException) -> Any:
+    """Throw ``exc`` into ``coro``: what it yields next, or _DONE; what it raises propagates."""
+    try:
+        return coro.throw(exc)
+    except StopIteration:
+        return _DONE
+
+
+def live() -> int:
+    """How many request tasks are unfinished (made, not yet returned or cancelled)."""
+    return _live[0]
+
+
+class RequestTask:
+    """Runs ``coro`` on ``loop`` as asyncio.Task would, from the next turn on (see the module)."""
+
+    __slots__ = ("_cancelled", "_cancels", "_context", "_coro", "_done", "_loop", "_must_cancel", "_waiter", "name")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self._coro = coro
+        self._loop = loop
+        self.name = name
+        self._waiter: Any = None  # the future the coroutine waits on
+        self._done = False
+        self._cancelled = False
+        self._must_cancel = False
+        self._cancels = 0  # cancel() calls not yet matched by uncancel() (Task.cancelling())
+        self._context = _copy_context()  # the request's own: every step runs in it
+        _live[0] += 1
+        loop.call_soon(self._step, context=self._context)
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self._cancelled else ("done" if self._done else "pending")
+        return f"<RequestTask {self.name} {state} coro={self._coro!r}>"
+
+    # ---- the Task surface the request path uses ------------------------------------------------
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def get_name(self) -> str:
+        return self.name
+
+    def get_coro(self) -> Coroutine[Any, Any, None]:
+        return self._coro
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancelling(self) -> int:
+        return self._cancels
+
+    def uncancel(self) -> int:
+        if self._cancels > 0:
+            self._cancels -= 1
+        return self._cancels
+
+    def cancel(self, msg: Any = None) -> bool:
+        """As Task.cancel: cancel the awaited future, or throw CancelledError in at the next step."""
+        if self._done:
+            return False
+        self._cancels += 1
+        waiter = self._waiter
+        if waiter is not None and waiter.cancel(msg=msg):
+            return True  # its callback wakes the step, where the await raises CancelledError
+        self._must_cancel = True
+        return True
+
+    # ---- stepping ------------------------------------------------------------------------------
+    def _wakeup(self, fut: Any) -> None:
+        # the coroutine's own await reads the future's result or raises its exception
+        self._step()
+
+    @cython.annotation_typing(False)  # the cpdef of task.pxd
+    def _step(self, exc: BaseException | None = None) -> None:
+        if self._done:  # pragma: no cover - defensive: a callback after the end
+            return
+        if self._must_cancel:
+            self._must_cancel = False
+            if not isinstance(exc, _CancelledError):
+                exc = _CancelledError()
+        self._waiter = None
+        loop = self._loop
+        current = _current
+        if current.setdefault(loop, self) is not self:  # what asyncio's _enter_task refuses
+            raise RuntimeError(f"Cannot enter into task {self!r} while another task "
+                               f"{current[loop]!r} is being executed.")
+        try:
+            if exc is not None:
+                result = _throw(self._coro, exc)
+            elif cython.compiled:
+                result = _send_c(self._coro)  # type: ignore[name-defined]  # noqa: F821 (task.pxd)
+            else:
+                result = _send(self._coro)
+        except _CancelledError:
+            self._finish(True)
+        except (KeyboardInterrupt, SystemExit):
+            self._finish(False)
+            raise
+        except BaseException as e:
+            self._finish(False)
+            loop.call_exception_handler({"message": "request task failed", "exception": e, "task": self})
+        else:
+            if result is _DONE:
+                self._finish(False)
+            else:
+                self._yielded(result)
+        finally:
+            del current[loop]
+
+    def _yielded(self, result: Any) -> None:
+        """What the coroutine yielded: a future to wait on, or None for a bare yield (sleep(0))."""
+        if result is None:
+            self._loop.call_soon(self._step, context=self._context)
+            return
+        blocking = getattr(result, "_asyncio_future_blocking", None)
+        if blocking:
+            result._asyncio_future_blocking = False
+            result.add_done_callback(self._wakeup, context=self._context)
+            self._waiter = result
+            if self._must_cancel and result.cancel():
+                self._must_cancel = False
+            return
+        if blocking is None:
+            err = RuntimeError(f"Task got bad yield: {result!r}")
+        else:
+            err = RuntimeError(f"yield was used instead of yield from in task {self!r} with {result!r}")
+        self._loop.call_soon(self._step, err, context=self._context)
+
+    @cython.annotation_typing(False)  # the cpdef of task.pxd
+    def _finish(self, cancelled: bool) -> None:
+        self._done = True
+        self._cancelled = cancelled
+        self._waiter = None
+        _live[0] -= 1

@@ -1,0 +1,313 @@
+"""RequestTask (flexinfer/http/task.py) does for a request's handler what asyncio.Task does: each case
+runs the same coroutine under both and compares what the coroutine saw, on uvloop and on asyncio,
+in the build and in the source (the pure run of the suite)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from flexinfer.http import task as task_mod
+from flexinfer.http.task import RequestTask
+from tests.http._support import RecordingHandler, exchange, serve
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_task_var", default="unset")
+
+Make = Callable[[Coroutine[Any, Any, None]], Any]
+
+
+def _request_task(coro: Coroutine[Any, Any, None]) -> RequestTask:
+    return RequestTask(coro, asyncio.get_running_loop(), "test")
+
+
+def _asyncio_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(coro)
+
+
+KINDS = [pytest.param(_request_task, id="RequestTask"), pytest.param(_asyncio_task, id="asyncio.Task")]
+
+
+async def _until(cond: Callable[[], object], turns: int = 200) -> None:
+    for _ in range(turns):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_runs_from_the_next_turn_through_futures_and_bare_yields(make: Make) -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[object] = []
+    f1, f2 = loop.create_future(), loop.create_future()
+
+    async def body() -> None:
+        seen.append("start")
+        seen.append(await f1)
+        await asyncio.sleep(0)
+        seen.append("after sleep(0)")
+        try:
+            await f2
+        except ValueError as e:
+            seen.append(f"raised {e}")
+
+    t = make(body())
+    assert seen == [] and not t.done()  # not started inside the call
+    await asyncio.sleep(0)
+    assert seen == ["start"]
+    f1.set_result(1)
+    await _until(lambda: len(seen) == 3)
+    f2.set_exception(ValueError("boom"))
+    await _until(t.done)
+    assert seen == ["start", 1, "after sleep(0)", "raised boom"]
+    assert not t.cancelled()
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_is_the_current_task_and_timeout_works_inside(make: Make) -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[object] = []
+
+    async def body() -> None:
+        me = asyncio.current_task()
+        seen.append(me is not None)
+        try:
+            async with asyncio.timeout(0.01):
+                await loop.create_future()  # never done
+        except TimeoutError:
+            seen.append("timeout")
+        seen.append(asyncio.current_task() is me)
+        seen.append(me.cancelling() if me is not None else None)  # the timeout's cancel was undone
+
+    before = asyncio.current_task()
+    t = make(body())
+    await _until(t.done, 10_000)
+    assert seen == [True, "timeout", True, 0]
+    assert asyncio.current_task() is before  # left as it was found
+    assert not t.cancelled()
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_cancel_while_waiting_raises_at_the_await(make: Make) -> None:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    seen: list[object] = []
+
+    async def body() -> None:
+        try:
+            await fut
+        except asyncio.CancelledError:
+            seen.append(("cancelled", asyncio.current_task().cancelling()))  # type: ignore[union-attr]
+            raise
+
+    t = make(body())
+    await asyncio.sleep(0)
+    assert t.cancel() is True
+    assert fut.cancelled()  # the awaited future is cancelled, as Task.cancel does
+    await _until(t.done)
+    assert seen == [("cancelled", 1)]
+    assert t.cancelled() and t.cancelling() == 1
+    assert t.cancel() is False  # done: nothing to cancel
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_cancel_before_the_first_step_never_runs_the_body(make: Make) -> None:
+    seen: list[str] = []
+
+    async def body() -> None:
+        seen.append("ran")
+
+    t = make(body())
+    assert t.cancel() is True
+    await _until(t.done)
+    assert seen == [] and t.cancelled()
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_cancel_after_the_future_is_done_raises_at_the_next_step(make: Make) -> None:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    seen: list[object] = []
+
+    async def body() -> None:
+        try:
+            await fut
+            seen.append("resumed")
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            return  # caught and finished: done, not cancelled
+
+    t = make(body())
+    await asyncio.sleep(0)
+    fut.set_result(None)  # the wakeup is scheduled; the cancel comes before it runs
+    assert t.cancel() is True
+    await _until(t.done)
+    assert seen == ["cancelled"]
+    assert not t.cancelled()
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_shield_and_uncancel_inside(make: Make) -> None:
+    loop = asyncio.get_running_loop()
+    inner = loop.create_future()
+    seen: list[object] = []
+
+    async def body() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        try:
+            await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            seen.append(("shielded", inner.cancelled(), me.cancelling()))
+            seen.append(me.uncancel())
+        seen.append(await inner)
+
+    t = make(body())
+    await asyncio.sleep(0)
+    t.cancel()
+    await _until(lambda: len(seen) == 2)
+    inner.set_result("inner result")
+    await _until(t.done)
+    assert seen == [("shielded", False, 1), 0, "inner result"]
+    assert not t.cancelled()
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_context_is_the_request_s_own(make: Make) -> None:
+    loop = asyncio.get_running_loop()
+    futs = [loop.create_future() for _ in range(2)]
+    seen: list[tuple[str, str]] = []
+
+    def body(name: str, fut: asyncio.Future[None]) -> Coroutine[Any, Any, None]:
+        async def run() -> None:
+            seen.append((name, VAR.get()))
+            VAR.set(name)
+            await fut
+            seen.append((name, VAR.get()))
+            await asyncio.sleep(0)
+            seen.append((name, VAR.get()))
+        return run()
+
+    VAR.set("outside")
+    ta, tb = make(body("a", futs[0])), make(body("b", futs[1]))
+    await asyncio.sleep(0)
+    futs[1].set_result(None)
+    futs[0].set_result(None)
+    await _until(lambda: ta.done() and tb.done())
+    assert sorted(seen) == sorted([("a", "outside"), ("b", "outside"), ("a", "a"), ("b", "b"),
+                                   ("a", "a"), ("b", "b")])
+    assert VAR.get() == "outside"  # nothing leaked out
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_a_token_from_one_step_resets_the_variable_in_a_later_one(make: Make) -> None:
+    """All steps share one context (the tracing sets its span in one step and resets it later)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    seen: list[str] = []
+
+    async def body() -> None:
+        token = VAR.set("inside")
+        await fut
+        VAR.reset(token)  # ValueError if this step ran in another context than the set
+        seen.append(VAR.get())
+
+    VAR.set("outside")
+    t = make(body())
+    await asyncio.sleep(0)
+    fut.set_result(None)
+    await _until(t.done)
+    assert seen == ["outside"]
+
+
+@pytest.mark.parametrize("make", KINDS)
+async def test_a_bad_yield_is_thrown_back_into_the_coroutine(make: Make) -> None:
+    seen: list[str] = []
+
+    class Bad:
+        def __await__(self) -> Any:
+            yield "not a future"
+
+    async def body() -> None:
+        try:
+            await Bad()
+        except RuntimeError as e:
+            seen.append(str(e).split(":")[0])
+
+    t = make(body())
+    await _until(t.done)
+    assert seen == ["Task got bad yield"]
+
+
+async def test_an_escaping_base_exception_goes_to_the_loop_s_handler() -> None:
+    loop = asyncio.get_running_loop()
+    got: list[dict[str, Any]] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: got.append(ctx))
+
+    class Odd(BaseException):
+        pass
+
+    async def body() -> None:
+        await asyncio.sleep(0)
+        raise Odd("escaped")
+
+    try:
+        live0 = task_mod.live()
+        t = _request_task(body())
+        assert task_mod.live() == live0 + 1
+        await _until(t.done)
+    finally:
+        loop.set_exception_handler(old)
+    assert [type(c["exception"]) for c in got] == [Odd] and got[0]["task"] is t
+    assert task_mod.live() == live0
+
+
+async def test_live_counts_unfinished_tasks_and_a_finished_one_is_freed_without_the_collector() -> None:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    async def body() -> None:
+        await fut
+
+    live0 = task_mod.live()
+    gc.disable()
+    try:
+        coro = body()
+        ref = weakref.ref(coro)
+        t = _request_task(coro)
+        del coro
+        assert task_mod.live() == live0 + 1
+        await asyncio.sleep(0)
+        fut.set_result(None)
+        await _until(t.done)
+        assert task_mod.live() == live0
+        assert ref() is not None  # the task still holds its coroutine
+        del t
+        assert ref() is None  # no cycle left behind: freed by reference counting
+    finally:
+        gc.enable()
+
+
+async def test_the_protocol_runs_handlers_in_request_tasks() -> None:
+    """A request's handler runs in a RequestTask that is the current task inside it."""
+    seen: list[object] = []
+
+    class Handler(RecordingHandler):
+        async def handle(self, req: Any, w: Any) -> None:
+            me = asyncio.current_task()
+            seen.append((type(me).__name__, me is w.task))
+            await asyncio.sleep(0)
+            w.send(200, [(b"content-type", b"text/plain")], b"ok")
+
+    async with serve(Handler()) as server:
+        got = await exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    assert got.data.startswith(b"HTTP/1.1 200") and got.data.endswith(b"ok")
+    assert seen == [("RequestTask", True)]
