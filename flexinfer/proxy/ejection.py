@@ -64,6 +64,10 @@ class Ejector:
         self.clock = clock
         self._states: dict[str, _State] = {}
         self._out: dict[str, _State] = {}  # the ejected subset of _states (usable()'s fast path)
+        #: The keys a success may have something to reset on (a run of failures, an ejection): a
+        #: superset, kept by record/readmit/forget. The forwarder reports a success on any other key
+        #: by not calling record at all (a Python call per request saved; issue 15).
+        self.unsettled: set[str] = set()
         self.ejections_total: dict[str, int] = {}  # per key, monotonic (metrics)
 
     def _expire(self, key: str, st: _State, now: float) -> None:
@@ -85,9 +89,12 @@ class Ejector:
         self._expire(key, st, now)
         if ok:
             st.consecutive = 0
+            if st.ejected_until is None:
+                self.unsettled.discard(key)
             return False
         if kind not in FAILURE_KINDS:
             return False
+        self.unsettled.add(key)
         st.last_error = kind
         st.last_error_at = now
         if st.ejected_until is not None:  # already out: in-flight stragglers do not extend it
@@ -114,6 +121,7 @@ class Ejector:
         st.returned_at = self.clock()
         self._out.pop(key, None)
         st.consecutive = 0
+        self.unsettled.discard(key)
         return True
 
     def ejected(self, key: str) -> bool:
@@ -152,7 +160,7 @@ class Ejector:
         st = self._states.get(key)
         if st is None:
             return {"consecutive_failures": 0, "ejected": False, "ejected_until": None, "ejected_for_s": 0.0,
-                    "times_ejected": 0, "ejections_total": 0, "last_error": None}
+                    "times_ejected": 0, "ejections_total": self.ejections_total.get(key, 0), "last_error": None}
         now = self.clock()
         self._expire(key, st, now)
         left = 0.0 if st.ejected_until is None else max(0.0, st.ejected_until - now)
@@ -165,9 +173,11 @@ class Ejector:
         """The endpoint left the inventory: drop its state (its metric counter stays)."""
         self._states.pop(key, None)
         self._out.pop(key, None)
+        self.unsettled.discard(key)
 
     def keys(self) -> list[str]:
-        """The keys with state (for ``/debug/endpoints``)."""
+        """The keys with state: each one with an outcome recorded (a success the forwarder skipped,
+        see :attr:`unsettled`, leaves none)."""
         return list(self._states)
 
 

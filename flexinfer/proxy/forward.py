@@ -256,7 +256,9 @@ class Forwarder:
     def _outcome(self, view: ModelView, ep: Endpoint, ok: bool, kind: str) -> None:
         """Tell the ejector how the exchange went; count and log an ejection once."""
         ejector = self.router.ejector
-        if ejector is not None and ejector.record(ep.key, ok, kind):
+        if ejector is None or (ok and ep.key not in ejector.unsettled):
+            return  # a success with nothing to reset: no call (Ejector.unsettled)
+        if ejector.record(ep.key, ok, kind):
             self.metrics.endpoint_ejections.labels(view.name, ep.key).inc()
             st = ejector.state(ep.key)
             log.warning("endpoint %s of %s ejected for %.0fs after %d consecutive failures (last: %s)",

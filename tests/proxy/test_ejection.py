@@ -167,6 +167,43 @@ def test_forget_drops_state_but_keeps_the_counter() -> None:
     assert e.ejections_total == {"a:1": 1}
 
 
+def test_skipping_successes_outside_unsettled_changes_nothing() -> None:
+    """The forwarder reports a success only on a key in ``unsettled`` (forward.py ``_outcome``):
+    driven alike, an ejector that hears every success and one that hears only those agree on every
+    key's state, the usable keys and every return of record, over random runs of outcomes, clock
+    steps, readmissions and forgotten keys."""
+    import random
+
+    rng = random.Random(15)
+    keys = ["a:1", "b:1", "c:1"]
+    for _ in range(200):
+        ca, cb = Clock(), Clock()
+        every, skipping = Ejector(consecutive=3, base_s=5.0, clock=ca), Ejector(consecutive=3, base_s=5.0, clock=cb)
+        for _ in range(60):
+            key, roll = rng.choice(keys), rng.random()
+            if roll < 0.45:
+                got = every.record(key, True, "ok")
+                if key in skipping.unsettled:
+                    assert skipping.record(key, True, "ok") == got
+                else:
+                    assert got is False
+            elif roll < 0.85:
+                kind = rng.choice(["5xx", "connect", "timeout", "4xx"])
+                assert every.record(key, False, kind) == skipping.record(key, False, kind)
+            elif roll < 0.93:
+                step = rng.choice([1.0, 4.0, 6.0, 30.0])
+                ca.t += step
+                cb.t += step
+            elif roll < 0.97:
+                assert every.readmit(key) == skipping.readmit(key)
+            else:
+                every.forget(key)
+                skipping.forget(key)
+            for k in keys:
+                assert every.state(k) == skipping.state(k), k
+            assert every.usable(keys) == skipping.usable(keys)
+
+
 def test_state_shape() -> None:
     clock = Clock()
     e = Ejector(clock=clock)
