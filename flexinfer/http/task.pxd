@@ -11,8 +11,10 @@ cdef extern from "Python.h":
     # PYGEN_ERROR (-1): an exception is set; PYGEN_RETURN (0): returned; PYGEN_NEXT (1): yielded
     int PyIter_Send(object iter, object arg, PyObject **presult) except -1
 
+
 cdef dict _current
 cdef list _live
+cdef bint _BY_DICT
 cdef object _DONE
 
 cdef inline object _send_c(object coro):

@@ -311,3 +311,53 @@ async def test_the_protocol_runs_handlers_in_request_tasks() -> None:
         got = await exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     assert got.data.startswith(b"HTTP/1.1 200") and got.data.endswith(b"ok")
     assert seen == [("RequestTask", True)]
+
+
+async def test_the_enter_task_path_where_current_task_does_not_read_the_dict(monkeypatch: pytest.MonkeyPatch,
+                                                                             ) -> None:
+    """Where ``asyncio.current_task()`` does not read ``asyncio.tasks._current_tasks`` (CPython
+    3.14's per-thread task), a step enters and leaves through asyncio's ``_enter_task`` and
+    ``_leave_task``. Only the source can be switched (the build's flag is a C global): the pure run
+    of the suite covers it."""
+    if not hasattr(task_mod, "_BY_DICT"):
+        pytest.skip("the build's switch is a C global; the source run checks this path")
+    calls: list[str] = []
+    enter, leave = task_mod._enter_task, task_mod._leave_task
+
+    def spy_enter(loop: Any, t: Any) -> None:
+        calls.append("enter")
+        enter(loop, t)
+
+    def spy_leave(loop: Any, t: Any) -> None:
+        calls.append("leave")
+        leave(loop, t)
+
+    monkeypatch.setattr(task_mod, "_BY_DICT", False)
+    monkeypatch.setattr(task_mod, "_enter_task", spy_enter)
+    monkeypatch.setattr(task_mod, "_leave_task", spy_leave)
+    seen: list[object] = []
+
+    async def body() -> None:
+        seen.append(isinstance(asyncio.current_task(), RequestTask))
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.get_running_loop().create_future()
+        except TimeoutError:
+            seen.append("timeout")
+
+    t = _request_task(body())
+    await _until(t.done, 10_000)
+    assert seen == [True, "timeout"]
+    assert calls and calls == ["enter", "leave"] * (len(calls) // 2)
+
+
+def test_current_task_reads_the_dict_on_this_python() -> None:
+    """On CPython 3.11-3.13 the step takes the dict's path (the cheaper one); the build decides the
+    same way at import, from the same probe."""
+    import sys
+
+    if not hasattr(task_mod, "_BY_DICT"):
+        pytest.skip("the build's switch is a C global; the source run checks the probe")
+    if sys.version_info >= (3, 14):
+        pytest.skip("CPython 3.14 keeps the current task per thread")
+    assert task_mod._BY_DICT is True
