@@ -44,7 +44,6 @@ __all__ = ["RequestTask", "live"]
 
 _CancelledError = asyncio.CancelledError
 _copy_context = contextvars.copy_context
-_Future = asyncio.Future
 #: What makes a step's task ``asyncio.current_task()`` and ends that: asyncio's ``_enter_task`` and
 #: ``_leave_task`` (each refuses to enter while another task runs on the loop, or to leave one that is
 #: not current), or, where ``current_task()`` reads the dict ``asyncio.tasks._current_tasks`` (C
