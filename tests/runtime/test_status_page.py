@@ -306,8 +306,12 @@ async def chromium(profile: Path) -> AsyncIterator[CDP]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port_file = profile / "DevToolsActivePort"
-        assert await asyncio.to_thread(wait_for, port_file.exists, 30), "chromium did not open its DevTools port"
-        port = int(port_file.read_text().split()[0])
+
+        def port_line() -> str:  # the file appears before Chromium has written its port into it
+            return port_file.read_text().strip() if port_file.exists() else ""
+
+        assert await asyncio.to_thread(wait_for, port_line, 30), "chromium did not open its DevTools port"
+        port = int(port_line().split()[0])
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
                 pages = [t for t in await r.json() if t["type"] == "page"]
