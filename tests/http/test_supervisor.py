@@ -91,10 +91,14 @@ class Proc:
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.out = _Lines(self.p)
         self.seen: list[list[str]] = []
+        self.unclaimed: list[list[str]] = []  # lines read while waiting for others, in order
 
     def expect(self, n: int, first: str, timeout: float = 20.0) -> list[list[str]]:
-        """The next ``n`` lines starting with ``first`` (others are kept in ``seen``)."""
-        got: list[list[str]] = []
+        """The next ``n`` lines starting with ``first``, the earliest first: lines read while an
+        earlier call waited for other ones count too (processes print in any order)."""
+        got = [line for line in self.unclaimed if line[0] == first][:n]
+        for line in got:
+            self.unclaimed.remove(line)
         end = time.monotonic() + timeout
         while len(got) < n:
             left = end - time.monotonic()
@@ -104,6 +108,8 @@ class Proc:
             self.seen.append(lines[0])
             if lines[0][0] == first:
                 got.append(lines[0])
+            else:
+                self.unclaimed.append(lines[0])
         return got
 
     def fail(self, what: str) -> None:
