@@ -13,6 +13,10 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 HOST ?= 127.0.0.1
 PORT ?= 8080
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test`: the suites wait on subprocesses and sockets about half the time
+# (user + sys 4m10s of 7m27s on one worker, 2-core CI host), so two workers halve the wall time even on
+# two cores; more than four add contention to the tests that time a server against a baseline.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: run test gate bench bench-instr lint ext clean venv wrk valgrind redis-server llama image image-tools image-bases test-image reliability
 .PHONY: constraints
@@ -93,9 +97,9 @@ run: ext llama
 	$(VENV)/bin/flexinfer serve -c examples/local.yaml --host $(HOST) --port $(PORT)
 
 test: ext llama redis-server wrk chromium docker-registry
-	$(PY) -m pytest -q -p no:cacheprovider -m "not reliability" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not reliability" $(PYTEST_ARGS)
 	@echo "==> again without anything compiled (FLEXINFER_NO_EXTENSIONS=1): the parts that use it"
-	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability" tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py
+	FLEXINFER_NO_EXTENSIONS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not reliability" tests/speedups tests/http tests/proxy tests/test_compiled.py tests/test_layers.py
 	@echo "==> the benchmark gate: HEAD against bench/baseline.ref (docs/benchmarks.md)"
 	$(PY) bench/gate.py
 
