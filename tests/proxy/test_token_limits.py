@@ -400,7 +400,11 @@ def test_settings_are_checked() -> None:
 def test_two_workers_share_the_token_charge(tmp_path: Path) -> None:
     """``--workers 2``, request limits off: one worker's 505-token charge makes both refuse (the
     token buckets are the machine's shared GCRA table). Without sharing, the other worker (about
-    half of 20 fresh connections) would still admit."""
+    half of 20 fresh connections) would still admit.
+
+    The charge is settled when the worker's handler ends, just after the response's last byte: a
+    request the other worker takes within that moment is admitted (seen under a loaded CPU), so the
+    20 requests start once one refusal shows the charge is in."""
     from tests.proxy._procs import CHAT, inventory, proxy, request, stub_engines
 
     with stub_engines(1) as engines, proxy(inventory(tmp_path, engines), workers=2,
@@ -411,6 +415,10 @@ def test_two_workers_share_the_token_charge(tmp_path: Path) -> None:
             status, _, _ = await request(port, "POST", "/v1/chat/completions", CHAT % b"m",
                                          {"x-stub-usage": "5,500"})
             assert status == 200
+            deadline = time.monotonic() + 5
+            while (await request(port, "POST", "/v1/chat/completions", CHAT % b"m"))[0] != 429:
+                assert time.monotonic() < deadline, "the 505-token charge never refused a request"
+                await asyncio.sleep(0.01)
             return [(await request(port, "POST", "/v1/chat/completions", CHAT % b"m"))[0] for _ in range(20)]
 
         codes = asyncio.run(scenario())
