@@ -28,10 +28,10 @@ $(PY):
 	$(PIP) install -c $(CONSTRAINTS) -U pip setuptools wheel
 
 # Re-install when the package metadata or the pinned versions change; the stamp keeps repeated runs fast.
+# Nothing is compiled here: `make ext` compiles on every core; pip's isolated build would compile all of
+# it on one (2m13s on the 2-core host) and `make ext` would then compile it again (54 s).
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt | $(PY)
 	$(PIP) install -c $(CONSTRAINTS) pip setuptools wheel Cython
-	# nothing compiled here: `make ext` compiles on every core; pip's isolated build would compile all of
-	# it on one (2m13s on the 2-core host) and `make ext` would then compile it again (54 s)
 	FLEXINFER_NO_EXTENSIONS=1 $(PIP) install -c $(CONSTRAINTS) -e '.[test,kube,dev]'
 	touch $@
 
