@@ -16,6 +16,7 @@ cpdef bytes serialize_request(str method, str path, list headers, bytes body, by
 # C method call (a Python subclass that overrides observe is still called through its override)
 cdef class BodyTap:
     cpdef observe(self, buf, end)
+    cpdef complete(self)
 
 cdef class UpstreamResponse:
     cdef public object _attached, _batch, _buffered, _client_gone, _conn, _done_arg, _done_cb, _eof, _error
@@ -33,3 +34,4 @@ cdef class UpstreamResponse:
     cpdef Py_ssize_t relay_done(self, _request_t.ResponseWriter writer) except? -2
     cpdef Py_ssize_t _end_relay(self, _request_t.ResponseWriter writer, FlowControl flow) except? -2
     cpdef _feed(self, bytes buf, end)
+    cpdef _tap_complete(self)

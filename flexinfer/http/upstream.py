@@ -11,7 +11,7 @@ lone piece, else ``writelines``, the terminating chunk included when the read co
 and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
 that relay from the head callback already, so the first body bytes leave in the read of the head;
 an optional ``tap`` (a :class:`BodyTap`) sees each read's body bytes before they are relayed and may
-replace them.
+replace them, and learns that the body is complete before the write that ends the response.
 Must not: open, pool or time out connections, or parse bytes (client.py does, and feeds a response
 through its connection-side methods ``on_body`` / ``on_read_end`` / ``on_complete`` / ``on_error``).
 It knows its connection only as a :class:`BodySource` (pause, resume, abandon) and imports nothing
@@ -215,6 +215,11 @@ class BodyTap:
         """The body bytes of one upstream read, not empty (``end``: the body ends with them)."""
         return None
 
+    def complete(self) -> None:
+        """The whole body is in and observed, and its last bytes are about to be written: called
+        before the write that ends the client's response (once or more; act once). Not called for
+        a body that fails or is abandoned."""
+
 
 class UpstreamResponse:
     """A response head from a backend, and its body as it arrives."""
@@ -300,6 +305,8 @@ class UpstreamResponse:
         out = None
         if self.tap is not None:  # once per read (C method calls in the build)
             out = self._feed(piece, end)
+            if end:
+                self._tap_complete()
         try:
             if out is None and not end:
                 sink.write(piece)  # the common case of a stream: one read, one client write
@@ -424,6 +431,7 @@ class UpstreamResponse:
             self.close()
             raise ClientGone()
         if self._eof:
+            self._tap_complete()
             writer.writelines(buffered, end=True)
             return n
         if buffered:
@@ -504,6 +512,7 @@ class UpstreamResponse:
         if err is not None:
             self.close()
             raise err
+        self._tap_complete()  # (a body whose last read carried no bytes: the tap learns of its end here)
         writer.end()
         return self._relayed
 
@@ -517,6 +526,16 @@ class UpstreamResponse:
         except Exception:
             self.tap = None
             return None
+
+    def _tap_complete(self) -> None:
+        """Tell the tap the body is complete, before the write that ends the response (a tap that
+        fails is dropped, as in :meth:`_feed`)."""
+        tap = self.tap
+        if tap is not None:
+            try:
+                tap.complete()
+            except Exception:
+                self.tap = None
 
     def _on_client_gone(self) -> None:
         self._client_gone = True

@@ -4,11 +4,16 @@ Owns: the input-token estimate of a request body (prompt characters / ``PROXY_TO
 the admission of that estimate against the buckets ``tokens:model:<name>`` and ``tokens:key:<id>``
 (id: the first 16 hex digits of the bearer token's SHA-256, never the token), the 429
 ``rate_limit_exceeded`` refusal (``Retry-After``, ``retry-after-ms``, counted in
-``flexinfer_proxy_rate_limited_total{model,scope="tokens-model"|"tokens-key"}``), and the charge after the response: ``prompt_tokens + completion_tokens`` of the response's ``usage``
-minus what admission took (debt when more: the next requests wait; a refund when less), read from
-the request's one :class:`flexinfer.proxy.usage.UsageTap`.
-Must not: do I/O, parse a body it was not handed, log per request, or let anything about a
-response's ``usage`` (absent, malformed, huge) fail or delay the response to the client.
+``flexinfer_proxy_rate_limited_total{model,scope="tokens-model"|"tokens-key"}``), and the charge when the
+response body is complete, before its last bytes are written to the client: ``prompt_tokens +
+completion_tokens`` of the response's ``usage`` minus what admission took (debt when more: the next
+requests wait; a refund when less), read from the request's one :class:`flexinfer.proxy.usage.UsageTap`
+(the relay tells the tap the body is complete; a request that ends otherwise is settled when the
+pipeline is done with it).
+Must not: do I/O, parse a body it was not handed, log per request, let anything about a response's
+``usage`` (absent, malformed, huge) fail the response to the client, or hold its last bytes back
+longer than one parse of the tap's kept tail (at most 32 KiB: well under a microsecond when the usage
+object ends the body, tens of microseconds for a tail without one; docs/token-limits.md).
 
 Buckets: :class:`TokenBuckets` (``take`` + ``charge``): ``limits.LocalBuckets`` (one process),
 ``limits.MachineBuckets`` (shared memory, ``--workers N``) or ``redisshare.RedisShare`` (every
@@ -83,9 +88,11 @@ def estimate_tokens(data: dict[str, Any] | None, body_len: int, divisor: float) 
 
 
 class TokenCharge:
-    """One admitted request's token account: what admission took, settled once after the response."""
+    """One admitted request's token account: what admission took, settled once: by its tap when the
+    response body is complete, before the client has its last byte (:meth:`UsageTap.complete`), or
+    when the request ends otherwise (the pipeline's ``finally``: a failure, a client gone)."""
 
-    __slots__ = ("_buckets", "_scopes", "estimate", "settled", "taken", "tap")
+    __slots__ = ("_buckets", "_open", "_scopes", "estimate", "settled", "taken", "tap")
 
     def __init__(self, buckets: TokenBuckets, scopes: list[tuple[str, float, float]], estimate: float,
                  taken: float) -> None:
@@ -93,7 +100,9 @@ class TokenCharge:
         self._scopes = scopes
         self.estimate = estimate
         self.taken = taken
-        self.tap = UsageTap()  # the request's one tap: the forwarder installs it (metrics read it too)
+        self.tap = tap = UsageTap()  # the request's one tap: the forwarder installs it (metrics read it too)
+        tap.charge = self  # (a reference cycle until settle() breaks it)
+        self._open = True  # not settled yet
         self.settled = 0.0  # the tokens finally charged (prompt + completion), for tests and logs
 
     def used(self) -> float:
@@ -108,7 +117,12 @@ class TokenCharge:
         return prompt + (tap.events if tap.sse else 0)
 
     def settle(self) -> None:
-        """Charge the difference between what was used and what admission took (once)."""
+        """Charge the difference between what was used and what admission took (once: later calls
+        do nothing)."""
+        if not self._open:
+            return
+        self._open = False
+        self.tap.charge = None
         used = self.used()
         self.settled = used
         for key, rate, burst in self._scopes:

@@ -9,6 +9,7 @@ cdef long _KEEP, _WHOLE, _USAGE_OBJECT
 
 # a BodyTap: the relay calls its observe as a C method per upstream read (upstream.pxd)
 cdef class UsageTap(BodyTap):
-    cdef public object _feed, _held, _mid, _parsed, _usage, clock, stats, status, strip, stripped, t0, tail, ttft
+    cdef public object _feed, _held, _mid, _parsed, _usage, charge, clock, stats, status, strip, stripped, t0, tail, ttft
     @cython.locals(scan=long)
     cpdef observe(self, buf, end)
+    cpdef complete(self)

@@ -85,8 +85,8 @@ class UsageTap(BodyTap):
     before they are written: returns None (write them as they are) or the pieces to write instead
     (stripping). Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
 
-    __slots__ = ("_feed", "_held", "_mid", "_parsed", "_usage", "clock", "stats", "status", "strip", "stripped", "t0",
-                 "tail", "ttft")
+    __slots__ = ("_feed", "_held", "_mid", "_parsed", "_usage", "charge", "clock", "stats", "status", "strip", "stripped",
+                 "t0", "tail", "ttft")
 
     def __init__(self) -> None:
         self.tail = bytearray()
@@ -102,6 +102,8 @@ class UsageTap(BodyTap):
         self._mid = False  # the last read ended inside an event that was let through
         self._parsed = False
         self._usage: tuple[int, int] | None = None
+        #: what settles when the body is complete (``settle()``: the request's token charge), or None
+        self.charge: Any = None
 
     def start(self, status: int, sse: bool, strip: bool, t0: float, stats: Any) -> None:
         """The response head is in: what kind of body follows."""
@@ -143,6 +145,16 @@ class UsageTap(BodyTap):
                 return self._strip_slow(buf, end)
             self._mid = False
         return None
+
+    def complete(self) -> None:
+        """The body is complete and observed, its last bytes not yet written (the relay calls this,
+        see BodyTap.complete): the token charge is settled now, once, so that a client that has the
+        last byte finds its next request judged with this one's tokens, on any worker sharing the
+        buckets."""
+        charge = self.charge
+        if charge is not None:
+            self.charge = None
+            charge.settle()
 
     @property
     def sse(self) -> bool:

@@ -235,3 +235,98 @@ async def test_a_body_tap_sees_each_read_and_may_replace_its_pieces() -> None:
             writer.close()
         assert tap.seen == [(b"data: 0\n\n", False), (b"data: 1\n\n", True)]
         await pool.close()
+
+
+class _Ends(BodyTap):
+    """A tap that records, each time it is told the body is complete, what had been relayed to the
+    client writer then (bytes) and whether the client's response had ended."""
+
+    def __init__(self, resp: list[ResponseWriter]) -> None:
+        self.resp = resp
+        self.up: UpstreamResponse | None = None
+        self.ends: list[tuple[int, bool]] = []
+
+    def complete(self) -> None:
+        assert self.up is not None
+        self.ends.append((self.up._relayed, self.resp[0].finished))
+
+
+@pytest.mark.parametrize(("name", "answer", "expected", "body"), [
+    # the last event and the terminating chunk in one read: told before that read's write
+    ("one read", [HEAD + _event(0), _event(1) + b"0\r\n\r\n"], 9, b"data: 0\n\ndata: 1\n\n"),
+    # the terminating chunk alone in the last read: told before the relay's end writes it
+    ("end alone", [HEAD + _event(0), _event(1), b"0\r\n\r\n"], 18, b"data: 0\n\ndata: 1\n\n"),
+    # a Content-Length body that came with its head (relay_done): told before its one write
+    ("with head", [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"], 0, b"hello"),
+])
+async def test_the_tap_is_told_the_body_is_complete_before_the_last_write(
+        name: str, answer: list[bytes], expected: int, body: bytes) -> None:
+    chunked = b"chunked" in answer[0]
+
+    async def backend_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        for raw in answer:  # each its own read at the proxy
+            writer.write(raw)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    resps: list[ResponseWriter] = []
+    tap = _Ends(resps)
+
+    def head(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        tap.up = up
+        up.tap = tap
+        resps.append(resp)
+        resp.start(up.status, [], up.content_length)
+
+    async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        if up.relay_done(resp) < 0:
+            await up.relay(resp)
+
+    async with RawBackend(backend_side) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(_relaying_handler(pool, head, then)) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            raw = await reader.readuntil(b"0\r\n\r\n" if chunked else body)
+            writer.close()
+        assert raw.replace(b"9\r\n", b"").replace(b"\r\n", b"").endswith(body + (b"0" if chunked else b""))
+        assert tap.ends, f"{name}: the tap was never told"
+        assert tap.ends[0] == (expected, False), (name, tap.ends)
+        await pool.close()
+
+
+async def test_a_failing_body_never_tells_the_tap_it_is_complete() -> None:
+    async def backend_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        writer.write(HEAD + _event(0))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.transport.abort()  # gone mid-body
+
+    resps: list[ResponseWriter] = []
+    tap = _Ends(resps)
+    failed: list[BaseException] = []
+
+    def head(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        tap.up = up
+        up.tap = tap
+        resps.append(resp)
+        resp.start(up.status, [], None)
+
+    async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        try:
+            await up.relay(resp)
+        except Exception as exc:
+            failed.append(exc)
+            resp.abort()
+
+    async with RawBackend(backend_side) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(_relaying_handler(pool, head, then)) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            await reader.read()
+            writer.close()
+        assert failed and tap.ends == []
+        await pool.close()
