@@ -7,7 +7,8 @@ methods and targets checked once and remembered in bounded caches), the :class:`
 tree, and the consumer side of a response body: ``read``, ``read_all`` and
 :meth:`UpstreamResponse.relay`, which hands the body pieces of each upstream read straight to the
 client writer from the connection's ``data_received`` (one writer call per read: ``write`` for a
-lone piece, else ``writelines``, the terminating chunk included when the read completes the body)
+lone piece, else ``writelines``, the terminating chunk included when the read completes the body,
+also when that read carries no body bytes)
 and pauses the upstream socket while the client is slow; :meth:`UpstreamResponse.start_relay` starts
 that relay from the head callback already, so the first body bytes leave in the read of the head;
 an optional ``tap`` (a :class:`BodyTap`) sees each read's body bytes before they are relayed and may
@@ -296,6 +297,8 @@ class UpstreamResponse:
                 batch.append(piece)
             piece = batch[0] if len(batch) == 1 else b"".join(batch)
         elif not piece:
+            if self._eof and self._sink is not None and self._sink_error is None:
+                self._end_in_read()
             return
         sink = self._sink
         if sink is None:  # nobody relays (a batch is only collected while somebody does): for read()
@@ -526,6 +529,19 @@ class UpstreamResponse:
         except Exception:
             self.tap = None
             return None
+
+    def _end_in_read(self) -> None:
+        """The read that completed a relayed body carried no body bytes (a chunked body's last chunk
+        alone, as engines behind uvicorn or cpp-httplib write it): the client's response ends in this
+        read too, not a loop turn later in the task's :meth:`_end_relay` (which then finds it ended)."""
+        sink = self._sink
+        self._tap_complete()
+        try:
+            sink.writelines((), end=True)
+        except Exception as exc:
+            self._sink_error = exc
+            self.close()
+            self._wake()
 
     def _tap_complete(self) -> None:
         """Tell the tap the body is complete, before the write that ends the response (a tap that

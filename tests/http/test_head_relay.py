@@ -330,3 +330,41 @@ async def test_a_failing_body_never_tells_the_tap_it_is_complete() -> None:
             writer.close()
         assert failed and tap.ends == []
         await pool.close()
+
+
+async def test_a_last_read_without_body_bytes_ends_the_client_response_in_that_read() -> None:
+    """Engines behind uvicorn (vLLM) or cpp-httplib (llama.cpp) write a stream's last chunk alone:
+    the client's response ends in the read that brought it, not when the handler's task gets to
+    it. Here the task waits until the client has the end, so only the read can have written it."""
+    async def backend_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        for raw in (HEAD + _event(0), _event(1), b"0\r\n\r\n"):
+            writer.write(raw)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    client_has_end = asyncio.Event()
+    results: list[int] = []
+
+    def head(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        resp.start(up.status, [], up.content_length)
+
+    async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
+        await asyncio.wait_for(client_has_end.wait(), 10)
+        results.append(await up.relay(resp))  # the body is all in and the response ended: no wait
+
+    async with RawBackend(backend_side) as backend:
+        pool = UpstreamPool(HOST, backend.port, FAST)
+        async with serve(_relaying_handler(pool, head, then)) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+            raw = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+            client_has_end.set()
+            assert raw.endswith(b"9\r\ndata: 1\n\n\r\n0\r\n\r\n")
+            for _ in range(100):
+                if results:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+        assert results == [len(b"data: 0\n\ndata: 1\n\n")]
+        await pool.close()
