@@ -532,8 +532,9 @@ class UpstreamResponse:
 
     def _end_in_read(self) -> None:
         """The read that completed a relayed body carried no body bytes (a chunked body's last chunk
-        alone, as engines behind uvicorn or cpp-httplib write it): the client's response ends in this
-        read too, not a loop turn later in the task's :meth:`_end_relay` (which then finds it ended)."""
+        alone, as uvicorn writes it: vLLM, llama-cpp-python's server): the client's response ends in
+        this read too, not a loop turn later in the task's :meth:`_end_relay` (which then finds it
+        ended)."""
         sink = self._sink
         self._tap_complete()
         try:
