@@ -536,6 +536,7 @@ class UpstreamResponse:
         this read too, not a loop turn later in the task's :meth:`_end_relay` (which then finds it
         ended)."""
         sink = self._sink
+        assert sink is not None  # (the caller checked)
         self._tap_complete()
         try:
             sink.writelines((), end=True)
