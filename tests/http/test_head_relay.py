@@ -251,24 +251,27 @@ class _Ends(BodyTap):
         self.ends.append((self.up._relayed, self.resp[0].finished))
 
 
-@pytest.mark.parametrize(("name", "answer", "expected", "body"), [
+@pytest.mark.parametrize(("name", "answer", "seen", "expected", "body"), [
     # the last event and the terminating chunk in one read: told before that read's write
-    ("one read", [HEAD + _event(0), _event(1) + b"0\r\n\r\n"], 9, b"data: 0\n\ndata: 1\n\n"),
-    # the terminating chunk alone in the last read: told before the relay's end writes it
-    ("end alone", [HEAD + _event(0), _event(1), b"0\r\n\r\n"], 18, b"data: 0\n\ndata: 1\n\n"),
+    ("one read", [HEAD + _event(0), _event(1) + b"0\r\n\r\n"], [b"data: 0\n\n"], 9, b"data: 0\n\ndata: 1\n\n"),
+    # the terminating chunk alone in the last read: told before the write that ends the response
+    ("end alone", [HEAD + _event(0), _event(1), b"0\r\n\r\n"], [b"data: 0\n\n", b"data: 1\n\n"], 18,
+     b"data: 0\n\ndata: 1\n\n"),
     # a Content-Length body that came with its head (relay_done): told before its one write
-    ("with head", [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"], 0, b"hello"),
+    ("with head", [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"], [], 0, b"hello"),
 ])
 async def test_the_tap_is_told_the_body_is_complete_before_the_last_write(
-        name: str, answer: list[bytes], expected: int, body: bytes) -> None:
+        name: str, answer: list[bytes], seen: list[bytes], expected: int, body: bytes) -> None:
     chunked = b"chunked" in answer[0]
+    relayed = asyncio.Event()  # the client has what the backend wrote last: its next write is a read of its own
 
     async def backend_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
         await read_request(reader)
-        for raw in answer:  # each its own read at the proxy
+        for i, raw in enumerate(answer):
+            if i:
+                await relayed.wait()
+                relayed.clear()
             writer.write(raw)
-            await writer.drain()
-            await asyncio.sleep(0.05)
 
     resps: list[ResponseWriter] = []
     tap = _Ends(resps)
@@ -288,7 +291,11 @@ async def test_the_tap_is_told_the_body_is_complete_before_the_last_write(
         async with serve(_relaying_handler(pool, head, then)) as server:
             reader, writer = await asyncio.open_connection(HOST, server.port)
             writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
-            raw = await reader.readuntil(b"0\r\n\r\n" if chunked else body)
+            raw = b""
+            for marker in seen:
+                raw += await asyncio.wait_for(reader.readuntil(marker), 5)
+                relayed.set()
+            raw += await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n" if chunked else body), 5)
             writer.close()
         assert raw.replace(b"9\r\n", b"").replace(b"\r\n", b"").endswith(body + (b"0" if chunked else b""))
         assert tap.ends, f"{name}: the tap was never told"
@@ -336,12 +343,13 @@ async def test_a_last_read_without_body_bytes_ends_the_client_response_in_that_r
     """Engines behind uvicorn (vLLM, llama-cpp-python's server) write a stream's last chunk alone:
     the client's response ends in the read that brought it, not when the handler's task gets to
     it. Here the task waits until the client has the end, so only the read can have written it."""
+    client_has_last_event = asyncio.Event()
+
     async def backend_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
         await read_request(reader)
-        for raw in (HEAD + _event(0), _event(1), b"0\r\n\r\n"):
-            writer.write(raw)
-            await writer.drain()
-            await asyncio.sleep(0.05)
+        writer.write(HEAD + _event(0) + _event(1))
+        await client_has_last_event.wait()  # so the last chunk is a read of its own at the proxy
+        writer.write(b"0\r\n\r\n")
 
     client_has_end = asyncio.Event()
     results: list[int] = []
@@ -350,21 +358,27 @@ async def test_a_last_read_without_body_bytes_ends_the_client_response_in_that_r
         resp.start(up.status, [], up.content_length)
 
     async def then(up: UpstreamResponse, resp: ResponseWriter) -> None:
-        await asyncio.wait_for(client_has_end.wait(), 10)
+        await client_has_end.wait()
         results.append(await up.relay(resp))  # the body is all in and the response ended: no wait
 
     async with RawBackend(backend_side) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST)
         async with serve(_relaying_handler(pool, head, then)) as server:
             reader, writer = await asyncio.open_connection(HOST, server.port)
-            writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
-            raw = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
-            client_has_end.set()
-            assert raw.endswith(b"9\r\ndata: 1\n\n\r\n0\r\n\r\n")
-            for _ in range(100):
-                if results:
-                    break
-                await asyncio.sleep(0.01)
-            writer.close()
+            try:
+                writer.write(b"GET /proxy HTTP/1.1\r\nHost: a\r\n\r\n")
+                raw = await asyncio.wait_for(reader.readuntil(b"data: 1\n\n"), 5)
+                client_has_last_event.set()
+                raw += await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+                assert raw.endswith(b"data: 0\n\ndata: 1\n\n\r\n0\r\n\r\n")
+                client_has_end.set()
+                for _ in range(100):
+                    if results:
+                        break
+                    await asyncio.sleep(0.01)
+            finally:  # (a failure here lets the handler and the backend finish too)
+                client_has_last_event.set()
+                client_has_end.set()
+                writer.close()
         assert results == [len(b"data: 0\n\ndata: 1\n\n")]
         await pool.close()
