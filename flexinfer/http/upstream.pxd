@@ -35,4 +35,3 @@ cdef class UpstreamResponse:
     cpdef Py_ssize_t _end_relay(self, _request_t.ResponseWriter writer, FlowControl flow) except? -2
     cpdef _feed(self, bytes buf, end)
     cpdef _tap_complete(self)
-    cpdef _end_in_read(self)

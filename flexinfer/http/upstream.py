@@ -296,10 +296,11 @@ class UpstreamResponse:
             if piece:
                 batch.append(piece)
             piece = batch[0] if len(batch) == 1 else b"".join(batch)
-        elif not piece:
-            if self._eof and self._sink is not None and self._sink_error is None:
-                self._end_in_read()
+        elif not piece and (not self._eof or self._sink is None or self._sink_error is not None):
             return
+        # (an empty piece past here: the read completed the body with no body bytes, a chunked body's
+        # last chunk alone as uvicorn writes it, seen with llama-cpp-python's server; the client's
+        # response ends in this read too, below, not a loop turn later in the task's _end_relay)
         sink = self._sink
         if sink is None:  # nobody relays (a batch is only collected while somebody does): for read()
             self.on_body(piece)
@@ -307,7 +308,8 @@ class UpstreamResponse:
         end = self._eof
         out = None
         if self.tap is not None:  # once per read (C method calls in the build)
-            out = self._feed(piece, end)
+            if piece:
+                out = self._feed(piece, end)
             if end:
                 self._tap_complete()
         try:
@@ -515,8 +517,9 @@ class UpstreamResponse:
         if err is not None:
             self.close()
             raise err
-        self._tap_complete()  # (a body whose last read carried no bytes: the tap learns of its end here)
-        writer.end()
+        if not writer.finished:  # (a read that completed the body ended the writer, the tap told first)
+            self._tap_complete()
+            writer.end()
         return self._relayed
 
     @cython.annotation_typing(False)  # the cpdef of upstream.pxd
@@ -529,21 +532,6 @@ class UpstreamResponse:
         except Exception:
             self.tap = None
             return None
-
-    def _end_in_read(self) -> None:
-        """The read that completed a relayed body carried no body bytes (a chunked body's last chunk
-        alone, as uvicorn writes it: vLLM, llama-cpp-python's server): the client's response ends in
-        this read too, not a loop turn later in the task's :meth:`_end_relay` (which then finds it
-        ended)."""
-        sink = self._sink
-        assert sink is not None  # (the caller checked)
-        self._tap_complete()
-        try:
-            sink.writelines((), end=True)
-        except Exception as exc:
-            self._sink_error = exc
-            self.close()
-            self._wake()
 
     def _tap_complete(self) -> None:
         """Tell the tap the body is complete, before the write that ends the response (a tap that

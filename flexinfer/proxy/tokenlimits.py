@@ -92,7 +92,7 @@ class TokenCharge:
     response body is complete, before the client has its last byte (:meth:`UsageTap.complete`), or
     when the request ends otherwise (the pipeline's ``finally``: a failure, a client gone)."""
 
-    __slots__ = ("_buckets", "_open", "_scopes", "estimate", "settled", "taken", "tap")
+    __slots__ = ("_buckets", "_scopes", "estimate", "settled", "taken", "tap")
 
     def __init__(self, buckets: TokenBuckets, scopes: list[tuple[str, float, float]], estimate: float,
                  taken: float) -> None:
@@ -101,8 +101,7 @@ class TokenCharge:
         self.estimate = estimate
         self.taken = taken
         self.tap = tap = UsageTap()  # the request's one tap: the forwarder installs it (metrics read it too)
-        tap.charge = self  # (a reference cycle until settle() breaks it)
-        self._open = True  # not settled yet
+        tap.charge = self  # while not settled (a reference cycle until settle() breaks it)
         self.settled = 0.0  # the tokens finally charged (prompt + completion), for tests and logs
 
     def used(self) -> float:
@@ -119,10 +118,10 @@ class TokenCharge:
     def settle(self) -> None:
         """Charge the difference between what was used and what admission took (once: later calls
         do nothing)."""
-        if not self._open:
+        tap = self.tap
+        if tap.charge is not self:
             return
-        self._open = False
-        self.tap.charge = None
+        tap.charge = None
         used = self.used()
         self.settled = used
         for key, rate, burst in self._scopes:

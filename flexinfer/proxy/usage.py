@@ -102,7 +102,8 @@ class UsageTap(BodyTap):
         self._mid = False  # the last read ended inside an event that was let through
         self._parsed = False
         self._usage: tuple[int, int] | None = None
-        #: what settles when the body is complete (``settle()``: the request's token charge), or None
+        #: what settles when the body is complete: the request's token charge, whose ``settle()`` acts
+        #: once and unlinks it from here; None without one, or once settled
         self.charge: Any = None
 
     def start(self, status: int, sse: bool, strip: bool, t0: float, stats: Any) -> None:
@@ -153,7 +154,6 @@ class UsageTap(BodyTap):
         buckets."""
         charge = self.charge
         if charge is not None:
-            self.charge = None
             charge.settle()
 
     @property

@@ -340,7 +340,7 @@ async def test_a_failing_body_never_tells_the_tap_it_is_complete() -> None:
 
 
 async def test_a_last_read_without_body_bytes_ends_the_client_response_in_that_read() -> None:
-    """Engines behind uvicorn (vLLM, llama-cpp-python's server) write a stream's last chunk alone:
+    """llama-cpp-python's server (uvicorn) writes a stream's last chunk alone:
     the client's response ends in the read that brought it, not when the handler's task gets to
     it. Here the task waits until the client has the end, so only the read can have written it."""
     client_has_last_event = asyncio.Event()
