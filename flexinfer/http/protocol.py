@@ -75,6 +75,36 @@ _CHUNK_SLICE_MIN = 1024
 _IDLE, _HEAD, _BODY, _CHUNKED = 0, 1, 2, 3
 
 
+def _handler_ended(w: ResponseWriter, exc: BaseException | None) -> None:
+    """How a request's handler ended, heard inside its task's last step (RequestTask's hook). A
+    return that left the response unfinished is a handler's bug: logged, answered 500 (aborted if
+    it had started). A client gone ends nothing more, a cancellation aborts an unfinished response,
+    any other failure is logged and answered as that bug is: never a traceback to the client."""
+    if exc is None:
+        if not w.finished and not w.disconnected:
+            log.error("handler returned without finishing the response to %r", w.req)
+            if w.started:
+                w.abort()
+            else:
+                w.keep_alive = False
+                w.send_error(InternalError("Internal server error."))
+        return
+    if isinstance(exc, ClientGone):
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        if not w.finished:
+            w.abort()
+        return
+    log.error("handler failed on %r", w.req, exc_info=exc)
+    if w.disconnected or w.finished:
+        return
+    if w.started:
+        w.abort()
+        return
+    w.keep_alive = False
+    w.send_error(InternalError("Internal server error."))
+
+
 class _Stop(Exception):
     """Raised in on_message_complete of a non-keep-alive request: nothing after it is parsed."""
 
@@ -497,34 +527,8 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._stats.requests_total += 1
         # a RequestTask, not an asyncio.Task: the same steps and cancellation without CPython
         # 3.11's registration of every Task in a WeakSet, run as Python (task.py says what differs)
-        w.task = RequestTask(self._run(req, w), self.loop, _TASK_NAME)
-
-    async def _run(self, req: Request, w: ResponseWriter) -> None:
-        try:
-            await self._handler.handle(req, w)
-        except ClientGone:
-            return
-        except asyncio.CancelledError:
-            if not w.finished:
-                w.abort()
-            return
-        except Exception:
-            log.exception("handler failed on %r", req)
-            if w.disconnected or w.finished:
-                return
-            if w.started:
-                w.abort()
-                return
-            w.keep_alive = False
-            w.send_error(InternalError("Internal server error."))
-            return
-        if not w.finished and not w.disconnected:
-            log.error("handler returned without finishing the response to %r", req)
-            if w.started:
-                w.abort()
-            else:
-                w.keep_alive = False
-                w.send_error(InternalError("Internal server error."))
+        # the handler's own coroutine; how it ends comes to _handler_ended (task.py: the hook)
+        w.task = RequestTask(self._handler.handle(req, w), self.loop, _TASK_NAME, _handler_ended, w)
 
     def response_done(self, w: ResponseWriter) -> None:
         """The active response is complete: go on with the next request, or close."""

@@ -21,7 +21,7 @@ cdef class ResponseWriter:
     cdef public object _callbacks, _cancel_task, _chunked, _close_delimited, _head_only, _pending_head
     cdef public object _proto, _remaining, _transport, _v10, client_abort, disconnected, finished
     cdef public FlowControl flow
-    cdef public object keep_alive, started, status, task
+    cdef public object keep_alive, req, started, status, task
     cdef public Py_ssize_t sent
     @cython.locals(n=Py_ssize_t)
     cpdef write(self, bytes data)

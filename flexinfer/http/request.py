@@ -113,10 +113,11 @@ class ResponseWriter:
 
     __slots__ = ("_callbacks", "_cancel_task", "_chunked", "_close_delimited", "_head_only", "_pending_head",
                  "_proto", "_remaining", "_transport", "_v10", "client_abort", "disconnected", "finished", "flow",
-                 "keep_alive", "sent", "started", "status", "task")
+                 "keep_alive", "req", "sent", "started", "status", "task")
 
     def __init__(self, proto: Connection, req: Request) -> None:
         self._proto = proto
+        self.req = req  # the request this answers (the connection's log names it)
         self._transport = proto.transport
         #: the connection's flow control (an upstream relay pauses on it)
         self.flow = proto.flow

@@ -25,7 +25,8 @@ cdef inline object _send_c(object coro):
     return value if r == 1 else _DONE
 
 cdef class RequestTask:
-    cdef public object _cancelled, _cancels, _context, _coro, _done, _loop, _must_cancel, _waiter, name
+    cdef public object _cancelled, _cancels, _context, _coro, _done, _loop, _must_cancel, _on_end, _on_end_arg, _waiter, name
     cpdef _step(self, exc=*)
     cpdef _yielded(self, result)
+    cpdef _ended(self, exc, cancelled)
     cpdef _finish(self, cancelled)

@@ -13,11 +13,14 @@ instructions, ``bench/instr.py``: the saving net of this class's own cost); and 
 request task is never awaited, gathered or listed: the writer holds it to cancel it, and nothing
 else. The build also resumes the coroutine with ``PyIter_Send``, as the C Task does (task.pxd).
 What it leaves out, on purpose: ``asyncio.all_tasks()`` does not list it (:func:`live` counts it,
-and the leak tests read that); it has no result, exception or done callbacks (nobody awaits it); an
-exception other than CancelledError that escapes the coroutine (the protocol's ``_run`` catches
-every Exception, so only a BaseException) goes to the loop's exception handler at once, where a
-Task would keep it until it is garbage collected; KeyboardInterrupt and SystemExit propagate, as
-from a Task.
+and the leak tests read that); it has no result, exception or done callbacks (nobody awaits it).
+In their place, one hook: ``on_end(on_end_arg, exc)`` hears how the coroutine ended, ``None`` for a
+return, else the CancelledError or Exception it raised, inside the last step (the request's context,
+the task current), before the task counts as done. The protocol answers or aborts the request
+there, which saves it a coroutine of its own around the handler's (one coroutine fewer per request,
+about 1k instructions: issue 15). What else escapes (without a hook, or the hook's own failure) goes
+to the loop's exception handler at once, where a Task would keep it until it is garbage collected;
+KeyboardInterrupt and SystemExit propagate, as from a Task.
 
 Context: as a Task, it copies the context it is made in and runs every step in that one copy
 (``call_soon`` and ``add_done_callback`` with ``context=``): what the handler sets in a ContextVar
@@ -33,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from asyncio import tasks as _tasks
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 try:
@@ -101,10 +104,14 @@ def live() -> int:
 class RequestTask:
     """Runs ``coro`` on ``loop`` as asyncio.Task would, from the next turn on (see the module)."""
 
-    __slots__ = ("_cancelled", "_cancels", "_context", "_coro", "_done", "_loop", "_must_cancel", "_waiter", "name")
+    __slots__ = ("_cancelled", "_cancels", "_context", "_coro", "_done", "_loop", "_must_cancel", "_on_end",
+                 "_on_end_arg", "_waiter", "name")
 
-    def __init__(self, coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop, name: str) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop, name: str,
+                 on_end: Callable[[Any, BaseException | None], None] | None = None, on_end_arg: Any = None) -> None:
         self._coro = coro
+        self._on_end = on_end  # on_end(on_end_arg, exc): how the coroutine ended (the module says)
+        self._on_end_arg = on_end_arg
         self._loop = loop
         self.name = name
         self._waiter: Any = None  # the future the coroutine waits on
@@ -183,17 +190,19 @@ class RequestTask:
                 result = _send_c(self._coro)  # type: ignore[name-defined]  # noqa: F821 (task.pxd)
             else:
                 result = _send(self._coro)
-        except _CancelledError:
-            self._finish(True)
+        except _CancelledError as e:
+            self._ended(e, True)
         except (KeyboardInterrupt, SystemExit):
             self._finish(False)
             raise
+        except Exception as e:
+            self._ended(e, False)
         except BaseException as e:
             self._finish(False)
             loop.call_exception_handler({"message": "request task failed", "exception": e, "task": self})
         else:
             if result is _DONE:
-                self._finish(False)
+                self._ended(None, False)
             else:
                 self._yielded(result)
         finally:
@@ -220,6 +229,29 @@ class RequestTask:
         else:
             err = RuntimeError(f"yield was used instead of yield from in task {self!r} with {result!r}")
         self._loop.call_soon(self._step, err, context=self._context)
+
+    @cython.annotation_typing(False)  # the cpdef of task.pxd
+    def _ended(self, exc: BaseException | None, cancelled: bool) -> None:
+        """The coroutine returned (``exc`` None) or raised ``exc``: the hook hears it (still inside the
+        step), then the task ends."""
+        on_end = self._on_end
+        if on_end is None:
+            self._finish(cancelled)
+            if exc is not None and not cancelled:
+                self._loop.call_exception_handler({"message": "request task failed", "exception": exc, "task": self})
+            return
+        arg = self._on_end_arg
+        self._on_end = self._on_end_arg = None  # once; and no cycle through the hook's argument
+        try:
+            on_end(arg, exc)
+        except (KeyboardInterrupt, SystemExit):
+            self._finish(cancelled)
+            raise
+        except BaseException as e:
+            self._finish(cancelled)
+            self._loop.call_exception_handler({"message": "request task failed", "exception": e, "task": self})
+            return
+        self._finish(cancelled)
 
     @cython.annotation_typing(False)  # the cpdef of task.pxd
     def _finish(self, cancelled: bool) -> None:

@@ -286,6 +286,64 @@ async def test_handler_exception_is_500_without_traceback() -> None:
         assert ex.eof
 
 
+class _Ending(RecordingHandler):
+    """Handlers that end badly, each after a first await (the end is heard in a later step)."""
+
+    async def handle(self, req: Request, resp: ResponseWriter) -> None:
+        await asyncio.sleep(0)
+        path = req.path
+        if path == "/ok":
+            resp.send(200, [(b"content-type", b"text/plain")], b"fine")
+            return
+        if path.endswith("-started"):
+            resp.start(200, [(b"content-type", b"text/plain")])
+            resp.write(b"partial")
+        if path.startswith("/return"):
+            return  # the response left unfinished: a handler's bug
+        if path.startswith("/raise"):
+            raise RuntimeError("secret-internal-detail")
+        if path.startswith("/cancelled"):
+            raise asyncio.CancelledError
+
+
+async def test_a_handler_that_returns_without_a_response_is_answered_500_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("ERROR", logger="flexinfer.http"):
+        async with serve(_Ending()) as server:
+            ex = await exchange(server.port, b"GET /return HTTP/1.1\r\nHost: a\r\n\r\n"
+                                             b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n")
+    resps = parse_responses(ex.data)
+    # answered 500 in the OpenAI shape, and the connection closes after it (the pipelined one is not served)
+    assert [r.status for r in resps] == [500] and ex.eof
+    assert orjson.loads(resps[0].body)["error"]["code"] == "internal_error"
+    assert [r.getMessage().split(" from ")[0] for r in caplog.records] == [
+        "handler returned without finishing the response to <Request GET b'/return'"]
+
+
+@pytest.mark.parametrize(("path", "logged"), [
+    ("/return-started", "handler returned without finishing"),
+    ("/raise-started", "handler failed on"),
+    ("/cancelled-started", None),
+])
+async def test_a_started_response_that_the_handler_does_not_finish_is_cut_off(
+        path: str, logged: str | None, caplog: pytest.LogCaptureFixture) -> None:
+    """Once the head and a piece have left, the only honest end is the connection's: aborted, so the
+    client sees no terminating chunk (never a 200 that looks complete), and nothing leaks."""
+    with caplog.at_level("ERROR", logger="flexinfer.http"):
+        async with serve(_Ending()) as server:
+            ex = await exchange(server.port, f"GET {path} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+    assert ex.data.startswith(b"HTTP/1.1 200") and b"partial" in ex.data and ex.eof
+    assert not ex.data.endswith(b"0\r\n\r\n")
+    assert b"secret-internal-detail" not in ex.data
+    messages = [r.getMessage() for r in caplog.records]
+    if logged is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and messages[0].startswith(logged)
+        if path.startswith("/raise"):  # with its traceback
+            assert caplog.records[0].exc_info is not None and caplog.records[0].exc_info[0] is RuntimeError
+
+
 class _Custom(RecordingHandler):
     async def handle(self, req: Request, resp: ResponseWriter) -> None:
         if req.path == "/ratelimit":

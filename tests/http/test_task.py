@@ -270,6 +270,77 @@ async def test_an_escaping_base_exception_goes_to_the_loop_s_handler() -> None:
     assert task_mod.live() == live0
 
 
+class _Arg:
+    """The hook's argument (weak-referenceable: the test sees it freed)."""
+
+
+@pytest.mark.parametrize("ending", ["return", "raise", "cancel"])
+async def test_the_end_hook_hears_how_the_coroutine_ended_inside_its_last_step(ending: str) -> None:
+    """``on_end(arg, exc)`` runs once, in the last step: the task still current and not done, the
+    request's context in force, the live count not yet decremented; then the task ends (cancelled
+    for a cancellation), the loop's exception handler hears nothing, and the hook and its argument
+    are let go (freed by reference counting)."""
+    loop = asyncio.get_running_loop()
+    handled: list[dict[str, Any]] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: handled.append(ctx))
+    fut = loop.create_future()
+    heard: list[tuple[Any, ...]] = []
+
+    async def body() -> None:
+        VAR.set("inside")
+        await fut
+        if ending == "raise":
+            raise ValueError("boom")
+
+    def on_end(arg: _Arg, exc: BaseException | None) -> None:
+        heard.append((type(arg), type(exc), asyncio.current_task() is t, t.done(), VAR.get(), task_mod.live() - live0))
+
+    arg = _Arg()
+    ref = weakref.ref(arg)
+    live0 = task_mod.live()
+    gc.disable()
+    try:
+        t = RequestTask(body(), loop, "test", on_end, arg)
+        del arg
+        await asyncio.sleep(0)
+        if ending == "cancel":
+            t.cancel()
+        else:
+            fut.set_result(None)
+        await _until(t.done)
+        assert ref() is None  # the task dropped its hook's argument when it ended: no cycle, no collector
+    finally:
+        gc.enable()
+        loop.set_exception_handler(old)
+    expected = {"return": type(None), "raise": ValueError, "cancel": asyncio.CancelledError}[ending]
+    assert heard == [(_Arg, expected, True, False, "inside", 1)]
+    assert t.cancelled() is (ending == "cancel") and task_mod.live() == live0
+    assert handled == [] and VAR.get() == "unset"
+
+
+async def test_a_failing_end_hook_goes_to_the_loop_s_handler_and_the_task_still_ends() -> None:
+    loop = asyncio.get_running_loop()
+    got: list[dict[str, Any]] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: got.append(ctx))
+
+    def on_end(arg: object, exc: BaseException | None) -> None:
+        raise KeyError(arg)
+
+    async def body() -> None:
+        await asyncio.sleep(0)
+
+    live0 = task_mod.live()
+    try:
+        t = RequestTask(body(), loop, "test", on_end, "the-arg")
+        await _until(t.done)
+    finally:
+        loop.set_exception_handler(old)
+    assert [(type(c["exception"]), c["exception"].args, c["task"] is t) for c in got] == [(KeyError, ("the-arg",), True)]
+    assert not t.cancelled() and task_mod.live() == live0
+
+
 async def test_live_counts_unfinished_tasks_and_a_finished_one_is_freed_without_the_collector() -> None:
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
