@@ -6,14 +6,15 @@
 # The cimports type the arguments and locals the .py annotates with these classes (forward.pxd says
 # what that changes).
 from flexinfer.http.request cimport Request, ResponseWriter
-from flexinfer.proxy.context cimport RequestContext
+from flexinfer.proxy.context cimport RequestContext, RequestIds
 from flexinfer.proxy.metrics cimport ProxyMetrics
 from flexinfer.proxy.extract cimport body_model, parse_json_counted, rewrite_model
 
 cdef class ProxyHandler:
     cdef dict __dict__
     cdef public object _ask_usage, _key_ids, _open, access_log, activator, admin, auth, forwarder, inventory
-    cdef public object limiter, new_request_id, pools, router, scaler, server, settings, token_counter
+    cdef public object limiter, pools, router, scaler, server, settings, token_counter
     cdef public object token_limiter, tracer
     cdef public ProxyMetrics metrics
+    cdef public RequestIds request_ids
     cpdef _authenticate(self, Request req, RequestContext ctx)

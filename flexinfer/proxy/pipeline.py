@@ -70,8 +70,8 @@ class ProxyHandler:
     # "__dict__": a wrapper may replace ``handle``/``on_headers`` on the instance (tracing, the access
     # log) and tests may set more; the listed ones are C slots in the compiled build (pipeline.pxd)
     __slots__ = ("__dict__", "_ask_usage", "_key_ids", "_open", "access_log", "activator", "admin", "auth",
-                 "forwarder", "inventory", "limiter", "metrics", "new_request_id", "pools", "router", "scaler",
-                 "server", "settings", "token_counter", "token_limiter", "tracer")
+                 "forwarder", "inventory", "limiter", "metrics", "pools", "request_ids", "router", "scaler", "server",
+                 "settings", "token_counter", "token_limiter", "tracer")
 
     def __init__(self, inventory: Inventory, settings: ProxySettings, *, pools: Pools | None = None,
                  metrics: ProxyMetrics | None = None, router: Router | None = None,
@@ -110,7 +110,7 @@ class ProxyHandler:
         self._ask_usage = settings.stream_usage
         self.metrics.endpoint_load = self._endpoint_load
         self.admin = admin  # extra routes (the local runtime's /running, /logs, ...)
-        self.new_request_id = request_ids.new
+        self.request_ids = request_ids  # ids for requests without a usable X-Request-ID
         self.server: HTTPServer | None = None
         self.access_log = accesslog.AccessLog() if settings.access_log else None
         self._open: dict[str, int] = {}  # requests holding a slot of a model's concurrency_limit
@@ -135,7 +135,7 @@ class ProxyHandler:
     def on_headers(self, req: Request) -> FlexInferError | None:
         rid = req.get(b"x-request-id")
         if rid is None or not _REQUEST_ID_RE.match(rid):
-            rid = self.new_request_id()
+            rid = self.request_ids.new()
         try:
             # decided once: every route below (control, admin, forward) sees the normalized path
             req.path = path = normalize_path(req.path)
