@@ -16,7 +16,6 @@ This module does no I/O and knows nothing about the runtime.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
@@ -43,16 +42,33 @@ _MODEL_VALUE_RE = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _MAX_MULTIPART_PARTS = 1000
 _MAX_FIELD_BYTES = 256
 # The checks below are memoized: the hot path sees the same few names and paths again and again.
-# lru_cache remembers only what returned (a refused value raises, so it is checked in full every
-# time) and is bounded, so random input cannot grow it.
+# A memo remembers only what returned (a refused value raises, so it is checked in full every time)
+# and is bounded: emptied once it holds _MEMO_MAX entries, so random input cannot grow it. Plain
+# dicts, not functools.lru_cache: a hit is one dict lookup, where the cache's call cost 500-800
+# instructions (its key, its recency list and the call through Python: bench/instr.py, issue 15).
+_MEMO_MAX = 1024
+_names_ok: dict[str, str] = {}
+_paths: dict[str, str] = {}
+_routes: dict[str, tuple[str | None, str]] = {}
 
 
-@functools.lru_cache(maxsize=1024)
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
+def _remember(memo: dict[str, Any], key: str, value: Any) -> None:
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+    memo[key] = value
+
+
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
 def check_model_name(name: str, source: str) -> str:
+    memo = _names_ok
+    if name in memo:
+        return name
     if not _NAME_RE.match(name) or ".." in name:
         raise InvalidModelName(
             f"invalid model name from {source}: use letters, digits and . _ : / @ + - (at most 256)",
             param="model")
+    _remember(memo, name, name)
     return name
 
 
@@ -66,7 +82,7 @@ _SLASHES_RE = re.compile(r"//+")
 API_PREFIX = "/v1/"
 
 
-@functools.lru_cache(maxsize=1024)
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
 def normalize_path(path: str) -> str:
     """The request path as the proxy routes it, decided once for every route.
 
@@ -74,20 +90,28 @@ def normalize_path(path: str) -> str:
     backend is sent exactly the path the proxy routed by, so merging cannot confuse them. Dot
     segments, encoded separators, encoded NUL, double encoding and backslashes are refused (400).
     """
+    memo = _paths
+    done = memo.get(path)
+    if done is not None:
+        return done
     if _BAD_PATH_RE.search(path):
         raise BadRequest("request path contains dot segments or encoded separators", code="invalid_path")
-    if "//" in path:
-        path = _SLASHES_RE.sub("/", path)
-    return path
+    done = _SLASHES_RE.sub("/", path) if "//" in path else path
+    _remember(memo, path, done)
+    return done
 
 
-@functools.lru_cache(maxsize=1024)
+@cython.annotation_typing(False)  # the cpdef of extract.pxd
 def route_path(path: str) -> tuple[str | None, str]:
     """A normalized path -> (model name from a ``/model/<name>/`` prefix or None, upstream path).
 
     The upstream path always starts with ``/v1/``: anything else is a 404 (``unknown_url``), so
     ``/model/<name>`` with nothing after it, or a backend's own admin routes, are never forwarded.
     """
+    memo = _routes
+    done = memo.get(path)
+    if done is not None:
+        return done
     name: str | None = None
     rest = path
     if path.startswith("/model/") or path == "/model":
@@ -100,7 +124,9 @@ def route_path(path: str) -> tuple[str | None, str]:
     if not rest.startswith(API_PREFIX):
         raise NotFound(f"no such API route: {path[:200]} (the proxy forwards {API_PREFIX}... paths, "
                        "optionally behind /model/<name>)", code="unknown_url")
-    return name, rest
+    done = (name, rest)
+    _remember(memo, path, done)
+    return done
 
 
 def parse_json(body: bytes) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@
 from flexinfer.http.request cimport Request, ResponseWriter
 from flexinfer.proxy.context cimport RequestContext, RequestIds
 from flexinfer.proxy.metrics cimport ProxyMetrics
-from flexinfer.proxy.extract cimport body_model, parse_json_counted, rewrite_model
+from flexinfer.proxy.extract cimport body_model, normalize_path, parse_json_counted, rewrite_model, route_path
 
 cdef class ProxyHandler:
     cdef dict __dict__

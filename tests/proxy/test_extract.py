@@ -25,6 +25,31 @@ def test_invalid_names(name: str) -> None:
         extract.check_model_name(name, "t")
 
 
+def test_the_memos_answer_as_the_checks_do_remember_only_what_passed_and_stay_bounded() -> None:
+    """The name and path checks are memoized (plain dicts, both twins): a repeated value gets the same
+    answer, a refused one is refused again every time and never remembered, and a flood of distinct
+    values never holds more than the bound."""
+    for _ in range(3):
+        assert extract.check_model_name("memo-model", "t") == "memo-model"
+        assert extract.normalize_path("//v1//memo") == "/v1/memo"
+        assert extract.route_path("/model/memo-m/v1/x") == ("memo-m", "/v1/x")
+        with pytest.raises(errors.InvalidModelName):
+            extract.check_model_name("bad name", "t")
+        with pytest.raises(errors.BadRequest):
+            extract.normalize_path("/v1/../memo")
+        with pytest.raises(errors.NotFound):
+            extract.route_path("/memo")
+    assert "bad name" not in extract._names_ok and "/v1/../memo" not in extract._paths
+    assert "/memo" not in extract._routes
+    bound = extract._MEMO_MAX
+    for i in range(bound * 3 + 7):
+        assert extract.check_model_name(f"m{i}", "t") == f"m{i}"
+        assert extract.normalize_path(f"/v1//p{i}") == f"/v1/p{i}"
+        assert extract.route_path(f"/model/m{i}/v1/x") == (f"m{i}", "/v1/x")
+        assert max(len(extract._names_ok), len(extract._paths), len(extract._routes)) <= bound
+    assert extract.route_path("/model/memo-m/v1/x") == ("memo-m", "/v1/x")  # dropped, then checked again
+
+
 # ---- the path policy: normalize_path + route_path, decided in one place ------------------------
 
 @pytest.mark.parametrize(("path", "name", "rest"), [
