@@ -2,14 +2,14 @@
 # slots, not dict lookups). The .py is the pure twin; every slot is public, so visibility is the
 # source's (RequestIds' counter is a C integer: a request id is written in C, below). Keep each list
 # equal to the class's __slots__ (tests/test_compiled.py).
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcpy
+
 cdef class RequestContext:
     cdef public object authenticated, explain, extra_headers, key_id, model_name, path, request_id, route
     cdef public object source, sse_open, t0, tokens
     cdef public object completion_tokens, endpoint, prompt_tokens, queue_wait, strip_usage, ttft, usage
-
-cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcpy
 
 # RequestIds.new's id in one allocation: the prefix, then the counter as 16 lower-case hex digits
 # (the source's b2a_hex of its 8 big-endian bytes)
