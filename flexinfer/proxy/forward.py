@@ -155,7 +155,7 @@ class Forwarder:
         context (``endpoint``, for the access log) and, when asked, explain the pick."""
         if source.startswith("prefix-match"):  # bounded label values
             source = "prefix-match"
-        self.metrics.decided((view.name, strategy, source))
+        self.metrics.decided(view.name, strategy, source)
         ctx = req.ctx
         if not isinstance(ctx, RequestContext):
             return

@@ -5,7 +5,7 @@
 # equal to the class's __slots__ (tests/test_compiled.py).
 # cpdef: the per-request calls of the forwarder (model, endpoint, count, decided, observe_*): C calls
 # from its typed slots (count and decided say @cython.annotation_typing(False) in the .py: Cython
-# would not match their int and tuple annotations with these declarations). The dict slots: their
+# would not match their int annotation with these declarations). The dict slots: their
 # get and set are C dict operations.
 
 cimport cython
@@ -23,10 +23,16 @@ cdef class ModelStats(EndpointStats):
     cdef public list itl, ttfb, ttft
     cpdef observe_ttfb(self, double seconds)
 
+cdef class Tally:
+    cdef public object created
+    cdef public Py_ssize_t n
+
 cdef class ProxyMetrics:
     cdef dict __dict__
-    cdef public dict _decisions, _decisions_created, _endpoints, _models, _requests, _requests_created
+    cdef public dict _decisions, _endpoints, _models, _requests
     cpdef ModelStats model(self, str model)
     cpdef EndpointStats endpoint(self, str model, str endpoint)
+    @cython.locals(codes=dict, tally=Tally)
     cpdef count(self, str model, code)
-    cpdef decided(self, tuple key)
+    @cython.locals(strategies=dict, sources=dict, tally=Tally)
+    cpdef decided(self, str model, str strategy, str source)

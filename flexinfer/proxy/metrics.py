@@ -122,6 +122,16 @@ class ModelStats(EndpointStats):
         self.ttft_sum += seconds
 
 
+class Tally:
+    """One labelled counter of the per-request tables: how many, and since when (its ``_created``)."""
+
+    __slots__ = ("created", "n")
+
+    def __init__(self, created: float) -> None:
+        self.created = created
+        self.n = 0
+
+
 _REQUESTS_HELP = "Requests answered, by model and status code."
 _DURATION_HELP = "Time from request to last byte."
 _TTFB_HELP = "Time from request to the response head sent to the client."
@@ -151,21 +161,23 @@ class _RequestCollector:
         total, created = f"{name}_total", f"{name}_created"
         cache = self._request_labels
         req: list[SampleRow] = []
-        when = owner._requests_created
-        for key, n in list(owner._requests.items()):
-            labels = cache.get(key)
-            if labels is None:
-                labels = cache[key] = (("model", key[0]), ("code", str(key[1])))
-            req.append((total, labels, n))
-            req.append((created, labels, when[key]))
+        for model, codes in list(owner._requests.items()):
+            for code, tally in list(codes.items()):
+                key = (model, code)
+                labels = cache.get(key)
+                if labels is None:
+                    labels = cache[key] = (("model", model), ("code", str(code)))
+                req.append((total, labels, tally.n))
+                req.append((created, labels, tally.created))
         decname = f"{PREFIX}_routing_decisions"
         dtotal, dcreated = f"{decname}_total", f"{decname}_created"
         dec: list[SampleRow] = []
-        dwhen = owner._decisions_created
-        for dkey, n in list(owner._decisions.items()):
-            dlabels = (("model", dkey[0]), ("strategy", dkey[1]), ("key_source", dkey[2]))
-            dec.append((dtotal, dlabels, n))
-            dec.append((dcreated, dlabels, dwhen[dkey]))
+        for model, strategies in list(owner._decisions.items()):
+            for strategy, sources in list(strategies.items()):
+                for source, tally in list(sources.items()):
+                    dlabels = (("model", model), ("strategy", strategy), ("key_source", source))
+                    dec.append((dtotal, dlabels, tally.n))
+                    dec.append((dcreated, dlabels, tally.created))
         models = list(owner._models.items())
         labelled = [(st, self._model_labels(m)) for m, st in models]
         duration: list[SampleRow] = []
@@ -248,16 +260,16 @@ class ProxyMetrics:
     """The proxy's metrics; ``render()`` gives the Prometheus text exposition."""
 
     # the per-request tables are C slots in the compiled build (metrics.pxd); "__dict__" for the rest
-    __slots__ = ("__dict__", "_decisions", "_decisions_created", "_endpoints", "_models", "_requests",
-                 "_requests_created")
+    __slots__ = ("__dict__", "_decisions", "_endpoints", "_models", "_requests")
 
     def __init__(self) -> None:
         self.registry = reg = Registry()
-        self._requests: dict[tuple[str, int], int] = {}
-        self._requests_created: dict[tuple[str, int], float] = {}
-        #: (model, strategy, key source) -> picks: plain numbers like ``_requests`` (no lock per pick)
-        self._decisions: dict[tuple[str, str, str], int] = {}
-        self._decisions_created: dict[tuple[str, str, str], float] = {}
+        #: model -> status code -> answers. Nested by label, not keyed by a tuple: a request finds its
+        #: tally by a str and an int (the str's hash is cached), where a tuple key was built and hashed
+        #: twice per request (bench/instr.py, issue 15). Plain numbers, no lock per request.
+        self._requests: dict[str, dict[int, Tally]] = {}
+        #: model -> strategy -> key source -> picks (``routing_decisions_total``), nested alike
+        self._decisions: dict[str, dict[str, dict[str, Tally]]] = {}
         self._models: dict[str, ModelStats] = {}
         self._endpoints: dict[tuple[str, str], EndpointStats] = {}
         #: (model, endpoint, requests open) of every endpoint of the inventory, read at scrape time
@@ -322,28 +334,34 @@ class ProxyMetrics:
     @cython.annotation_typing(False)  # the cpdef of metrics.pxd
     def count(self, model: str, code: int) -> None:
         """One answered request of ``model`` with status ``code``."""
-        key = (model, code)
-        n = self._requests.get(key)
-        if n is None:
-            self._requests_created[key] = time.time()
-            n = 0
-        self._requests[key] = n + 1
+        codes = self._requests.get(model)
+        if codes is None:
+            codes = self._requests[model] = {}
+        tally = codes.get(code)
+        if tally is None:
+            tally = codes[code] = Tally(time.time())
+        tally.n += 1
 
     def totals(self, model: str) -> tuple[dict[int, int], int, int]:
         """(answers by status code, prompt tokens, completion tokens) of ``model`` so far: the numbers
         the exported series carry, read without making a series (the local status page shows them)."""
-        codes = {c: n for (m, c), n in self._requests.items() if m == model}
+        codes = {c: tally.n for c, tally in self._requests.get(model, {}).items()}
         st = self._models.get(model)
         return codes, (st.prompt_tokens if st is not None else 0), (st.completion_tokens if st is not None else 0)
 
     @cython.annotation_typing(False)  # the cpdef of metrics.pxd
-    def decided(self, key: tuple[str, str, str]) -> None:
-        """One routing decision (model, strategy, key source): ``routing_decisions_total``."""
-        n = self._decisions.get(key)
-        if n is None:
-            self._decisions_created[key] = time.time()
-            n = 0
-        self._decisions[key] = n + 1
+    def decided(self, model: str, strategy: str, source: str) -> None:
+        """One routing decision: ``routing_decisions_total`` of (model, strategy, key source)."""
+        strategies = self._decisions.get(model)
+        if strategies is None:
+            strategies = self._decisions[model] = {}
+        sources = strategies.get(strategy)
+        if sources is None:
+            sources = strategies[strategy] = {}
+        tally = sources.get(source)
+        if tally is None:
+            tally = sources[source] = Tally(time.time())
+        tally.n += 1
 
     def share_across_workers(self, directory: str, index: int, count: int, *,
                              publish_interval: float | None = None) -> None:

@@ -93,9 +93,42 @@ def test_rows_are_what_collect_gives(tmp_path: Path) -> None:
     m.model("a").observe_duration(0.4)
     m.model("a").in_flight = 2
     m.model("idle")
-    m.decided(("a", "least_loaded", "none"))
+    m.decided("a", "least_loaded", "none")
     assert m.registry.rows() == prom.collected_rows(m.registry)
     assert m.registry.rows() == prom.collected_rows(m.registry)  # the label caches
+
+
+def test_answers_and_decisions_are_counted_per_label_set_whatever_the_order() -> None:
+    """The tallies (nested by label, both twins): interleaved models, codes, strategies and sources
+    each count alone, keep the stamp of their first count, and render as one series each."""
+    import random
+
+    rnd = random.Random(7)
+    m = ProxyMetrics()
+    want_codes: dict[tuple[str, int], int] = {}
+    want_picks: dict[tuple[str, str, str], int] = {}
+    for _ in range(500):
+        model, code = rnd.choice(["a", "b", ""]), rnd.choice([200, 404, 429, 502])
+        m.count(model, code)
+        want_codes[(model, code)] = want_codes.get((model, code), 0) + 1
+        pick = (rnd.choice(["a", "b"]), rnd.choice(["least_loaded", "affinity"]), rnd.choice(["none", "user"]))
+        m.decided(*pick)
+        want_picks[pick] = want_picks.get(pick, 0) + 1
+    created = {(mo, c): t.created for mo, codes in m._requests.items() for c, t in codes.items()}
+    m.count("a", 200)
+    want_codes[("a", 200)] += 1
+    assert created[("a", 200)] == m._requests["a"][200].created
+    got_codes: dict[tuple[str, int], float] = {}
+    got_picks: dict[tuple[str, str, str], float] = {}
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for smp in fam.samples:
+            if smp.name == f"{PREFIX}_requests_total":
+                got_codes[(smp.labels["model"], int(smp.labels["code"]))] = smp.value
+            elif smp.name == f"{PREFIX}_routing_decisions_total":
+                got_picks[(smp.labels["model"], smp.labels["strategy"], smp.labels["key_source"])] = smp.value
+    assert got_codes == want_codes and got_picks == want_picks
+    assert m.totals("b")[0] == {c: n for (mo, c), n in want_codes.items() if mo == "b"}
+    assert m.totals("never")[0] == {}
 
 
 def test_latency_bucket_is_bisect_left() -> None:
