@@ -81,23 +81,19 @@ def _handler_ended(w: ResponseWriter, exc: BaseException | None) -> None:
     it had started). A client gone ends nothing more, a cancellation aborts an unfinished response,
     any other failure is logged and answered as that bug is: never a traceback to the client."""
     if exc is None:
-        if not w.finished and not w.disconnected:
-            log.error("handler returned without finishing the response to %r", w.req)
-            if w.started:
-                w.abort()
-            else:
-                w.keep_alive = False
-                w.send_error(InternalError("Internal server error."))
+        if w.finished or w.disconnected:
+            return
+        log.error("handler returned without finishing the response to %r", w.req)
+    elif isinstance(exc, ClientGone):
         return
-    if isinstance(exc, ClientGone):
-        return
-    if isinstance(exc, asyncio.CancelledError):
+    elif isinstance(exc, asyncio.CancelledError):
         if not w.finished:
             w.abort()
         return
-    log.error("handler failed on %r", w.req, exc_info=exc)
-    if w.disconnected or w.finished:
-        return
+    else:
+        log.error("handler failed on %r", w.req, exc_info=exc)
+        if w.disconnected or w.finished:
+            return
     if w.started:
         w.abort()
         return

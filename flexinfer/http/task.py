@@ -199,7 +199,7 @@ class RequestTask:
             self._ended(e, False)
         except BaseException as e:
             self._finish(False)
-            loop.call_exception_handler({"message": "request task failed", "exception": e, "task": self})
+            self._report(e)
         else:
             if result is _DONE:
                 self._ended(None, False)
@@ -238,7 +238,7 @@ class RequestTask:
         if on_end is None:
             self._finish(cancelled)
             if exc is not None and not cancelled:
-                self._loop.call_exception_handler({"message": "request task failed", "exception": exc, "task": self})
+                self._report(exc)
             return
         arg = self._on_end_arg
         self._on_end = self._on_end_arg = None  # once; and no cycle through the hook's argument
@@ -249,9 +249,14 @@ class RequestTask:
             raise
         except BaseException as e:
             self._finish(cancelled)
-            self._loop.call_exception_handler({"message": "request task failed", "exception": e, "task": self})
+            self._report(e)
             return
         self._finish(cancelled)
+
+    def _report(self, exc: BaseException) -> None:
+        """What escaped the coroutine or its hook, to the loop's exception handler (as a Task's would
+        be when collected)."""
+        self._loop.call_exception_handler({"message": "request task failed", "exception": exc, "task": self})
 
     @cython.annotation_typing(False)  # the cpdef of task.pxd
     def _finish(self, cancelled: bool) -> None:

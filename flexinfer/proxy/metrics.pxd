@@ -24,7 +24,7 @@ cdef class ModelStats(EndpointStats):
     cpdef observe_ttfb(self, double seconds)
 
 cdef class Tally:
-    cdef public object created
+    cdef public object created, labels
     cdef public Py_ssize_t n
 
 cdef class ProxyMetrics:

@@ -123,13 +123,15 @@ class ModelStats(EndpointStats):
 
 
 class Tally:
-    """One labelled counter of the per-request tables: how many, and since when (its ``_created``)."""
+    """One labelled counter of the per-request tables: how many, since when (its ``_created``), and
+    its label pairs (made by the first scrape that exports it)."""
 
-    __slots__ = ("created", "n")
+    __slots__ = ("created", "labels", "n")
 
     def __init__(self, created: float) -> None:
         self.created = created
         self.n = 0
+        self.labels: Labels | None = None
 
 
 _REQUESTS_HELP = "Requests answered, by model and status code."
@@ -153,20 +155,17 @@ class _RequestCollector:
         self._owner = owner
         #: model -> (its labels, its labels with each ``le``): made once per model
         self._labels: dict[str, tuple[Labels, list[Labels]]] = {}
-        self._request_labels: dict[tuple[str, int], Labels] = {}
 
     def rows(self) -> list[Family]:
         owner = self._owner
         name = f"{PREFIX}_requests"
         total, created = f"{name}_total", f"{name}_created"
-        cache = self._request_labels
         req: list[SampleRow] = []
         for model, codes in list(owner._requests.items()):
             for code, tally in list(codes.items()):
-                key = (model, code)
-                labels = cache.get(key)
+                labels = tally.labels
                 if labels is None:
-                    labels = cache[key] = (("model", model), ("code", str(code)))
+                    labels = tally.labels = (("model", model), ("code", str(code)))
                 req.append((total, labels, tally.n))
                 req.append((created, labels, tally.created))
         decname = f"{PREFIX}_routing_decisions"
@@ -175,7 +174,9 @@ class _RequestCollector:
         for model, strategies in list(owner._decisions.items()):
             for strategy, sources in list(strategies.items()):
                 for source, tally in list(sources.items()):
-                    dlabels = (("model", model), ("strategy", strategy), ("key_source", source))
+                    dlabels = tally.labels
+                    if dlabels is None:
+                        dlabels = tally.labels = (("model", model), ("strategy", strategy), ("key_source", source))
                     dec.append((dtotal, dlabels, tally.n))
                     dec.append((dcreated, dlabels, tally.created))
         models = list(owner._models.items())
