@@ -50,6 +50,7 @@ __all__ = [
     "load",
     "model_key_scan",
     "parse_usage",
+    "request_fields",
     "request_head",
     "sse_scan",
     "usage_cuts",
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
     from .hashring_py import HashRing as HashRing
     from .headscan_py import head_block as head_block
     from .headscan_py import head_lines_ok as head_lines_ok
+    from .headscan_py import request_fields as request_fields
     from .headscan_py import request_head as request_head
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
@@ -119,6 +121,7 @@ else:
     _headscan = _pick("headscan")
     head_block = _headscan.head_block
     head_lines_ok = _headscan.head_lines_ok
+    request_fields = _headscan.request_fields
     request_head = _headscan.request_head
     del _headscan
     model_key_scan = _pick("keyscan").model_key_scan

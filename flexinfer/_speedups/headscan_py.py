@@ -9,7 +9,9 @@ so any other count means a name or value carried a CR, LF or NUL that could spli
 pass, for the common case only: it answers None wherever the caller's own builder must decide.
 :func:`request_head` finds where a request head that arrived in one read ends, and the version
 its request line plainly names, so the server need not ask its parser for the version (httptools
-formats it as a new string per call).
+formats it as a new string per call). :func:`request_fields` reads the method, target and fields
+of a plainly written request head (a strict subset of what llhttp accepts), so that the server
+can take such a request without its parser.
 Must not: import anything of ours.
 """
 
@@ -91,3 +93,55 @@ def request_head(data: bytes, pos: int) -> tuple[int, str | None]:
         minor = data[k - 2]
         return end, "1.1" if minor == 49 else "1.0" if minor == 48 else None
     return end, None
+
+
+#: the methods :func:`request_fields` reads (llhttp knows them all; CONNECT and TRACE are left to
+#: the caller's parser), each mapped to itself so that the caller gets the same object every time
+PLAIN_METHODS: dict[bytes, bytes] = {m: m for m in (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH")}
+#: ``METHOD SP origin-form SP HTTP/1.1 CRLF``: the target's bytes are RFC 3986's path and query
+#: characters (unreserved, sub-delims, ``: @ / ? %``), no fragment
+_PLAIN_LINE = re.compile(rb"([A-Z]+) (/[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*) HTTP/1\.1\r\n")
+#: ``name ":" OWS value CRLF``: the name letters, digits and ``-``; the value visible ASCII, SP and
+#: HTAB (no obs-text, no obs-fold); the value without its leading whitespace, its trailing kept
+_PLAIN_FIELD = re.compile(rb"([A-Za-z0-9\-]+):[ \t]*([\x20-\x7e\t]*)\r\n")
+
+
+def request_fields(data: bytes, pos: int, end: int) -> tuple[bytes, bytes, list[tuple[bytes, bytes]]] | None:
+    """The method, target and header fields of the request head ``data[pos:end]`` (``end`` just
+    after its blank line, as :func:`request_head` says) when the head is plainly written, else None.
+
+    Plainly written: the request line is ``METHOD SP target SP HTTP/1.1 CRLF`` with a method of
+    :data:`PLAIN_METHODS` and an origin-form target of path and query characters only; every field
+    line is ``name ":" OWS value CRLF`` with a name of letters, digits and ``-`` (not
+    ``Proxy-Connection``, which llhttp reads as a Connection header) and a value of visible ASCII,
+    SP and HTAB; the blank line ends it. The fields come as ``(name, value)`` as received, the value
+    without its leading whitespace, its trailing kept: what llhttp hands its callbacks for the same
+    bytes. A strict subset of what llhttp accepts: whatever is not plain (another version or
+    method, a fold, a lone CR or LF, obs-text, a byte outside these sets) is None, and the caller's
+    parser reads (or refuses) it. Nothing is checked against limits or header rules here."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"request_fields() takes bytes, not {type(data).__name__}")
+    if pos < 0 or end > len(data) or end - pos < 18 or data[end - 2:end] != b"\r\n":
+        return None
+    stop = end - 2
+    m = _PLAIN_LINE.match(data, pos, stop)
+    if m is None:
+        return None
+    method = PLAIN_METHODS.get(m.group(1))
+    if method is None:
+        return None
+    target = m.group(2)
+    fields: list[tuple[bytes, bytes]] = []
+    p = m.end()
+    while p < stop:
+        f = _PLAIN_FIELD.match(data, p, stop)
+        if f is None:
+            return None
+        name = f.group(1)
+        if len(name) == 16 and name.lower() == b"proxy-connection":
+            return None
+        fields.append((name, f.group(2)))
+        p = f.end()
+    if p != stop:
+        return None
+    return method, target, fields

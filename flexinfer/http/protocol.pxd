@@ -27,5 +27,7 @@ cdef class HttpProtocol(Closing):
     cpdef _feed_slice(self, data, phase)
     cpdef _admit(self, ctype, length)
     @cython.locals(path=bytes, query=bytes)
-    cpdef _new_request(self, method, url, version, headers, ctype, conn)
+    cpdef _new_request(self, method, url, version, headers, ctype, keep_alive)
+    @cython.locals(stop=Py_ssize_t, length=Py_ssize_t, raw=list, conn=bytes, fields=tuple)
+    cpdef Py_ssize_t _take_plain(self, data, Py_ssize_t pos, Py_ssize_t end) except? -2
     cpdef _arm_body(self, length, limit, expect)

@@ -8,8 +8,11 @@ connection ends: closing.py's ``Closing``, the base of :class:`HttpProtocol`. :c
 :class:`ResponseWriter` live in request.py and are re-exported here, as the contract names them;
 the writer uses only ``request.Connection``, the public surface the protocol gives it.
 
-How it works: parser callbacks only record (and raise ``Rejected`` to stop the parser at once when
-a rule is broken). Limits are checked as bytes arrive: URL bytes in ``on_url``, the header count in
+How it works: a request that came whole in one read and is plainly written (HTTP/1.1, a known
+method, plain field lines: headscan's ``request_fields``) and passes every limit and head rule is
+taken without the parser (``_take_plain``); everything else goes to httptools from its first
+byte, so the parser decides every error. Parser callbacks only record (and raise ``Rejected`` to
+stop the parser at once when a rule is broken). Limits are checked as bytes arrive: URL bytes in ``on_url``, the header count in
 ``on_header``, and the raw bytes fed while the header block is still open, so a 1 MiB header value
 is refused after about one read; names and values are checked in one local loop at headers-complete
 (head.read_headers). The state of the body being read (its length, limit, pieces, an owed
@@ -40,7 +43,7 @@ try:
 except ImportError:  # no Cython here: its decorators do nothing in pure Python
     from flexinfer import _nocython as cython  # type: ignore[no-redef]
 
-from flexinfer._speedups import request_head
+from flexinfer._speedups import request_fields, request_head
 from flexinfer.errors import FlexInferError, InternalError
 from flexinfer.http.closing import DL_BODY, DL_FRESH, DL_HEADER, DL_KEEPALIVE, DL_WRITE, LINGER_BYTES, Closing
 from flexinfer.http.flow import ClientGone, FlowControl
@@ -295,6 +298,13 @@ class HttpProtocol(Closing, asyncio.Protocol):
                     i, version = request_head(data, pos)
                     if i != -1:
                         end = i
+                        if phase == _IDLE and version == "1.1":
+                            took = self._take_plain(data, pos, i)
+                            if took != -1:  # a whole request, read without the parser
+                                if took >= n or self._closing or self._lost:
+                                    return
+                                pos = took
+                                continue
                     if phase == _IDLE:  # a message begins in this slice (or empty lines come first)
                         self._version = version
                 else:
@@ -314,6 +324,62 @@ class HttpProtocol(Closing, asyncio.Protocol):
             if end >= n or self._closing or self._lost:
                 return
             pos = end
+
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
+    def _take_plain(self, data: bytes, pos: int, end: int) -> int:
+        """Take the request at ``data[pos:]``, whose head ends at ``end``, without the parser when
+        it is plainly written (headscan's ``request_fields``: HTTP/1.1, a known method, an
+        origin-form target, plain field lines), passes every limit and head rule, is framed by a
+        Content-Length (or nothing) and came whole in ``data``, body included; its Connection header,
+        if any, is ``close`` or ``keep-alive``. Answers where it ends; -1, having changed nothing,
+        for any other request, which the parser then reads from the same bytes (and refuses where
+        a limit or rule is broken: the errors stay the parser path's). What a taken request goes
+        through after its head is the parser path's, in the same order: the handler's on_headers
+        (a refusal or a failure is answered the same way), then the start or the queue."""
+        fields = request_fields(data, pos, end)
+        if fields is None:
+            return -1
+        method, url, raw = fields
+        if len(url) > self._max_url or len(raw) > self._max_headers or len(self._queue) >= PIPELINE_MAX:
+            return -1
+        try:
+            verb = request_line("1.1", method, url)
+            headers, ctype, length, expect, conn = read_headers(raw, "1.1", self._max_hdr_bytes)
+            self._admit(ctype, length)
+        except Rejected:
+            return -1
+        stop = end + length
+        if length < 0 or expect or stop > len(data):
+            return -1
+        keep_alive = True
+        if conn is not None:
+            conn = conn.lower()
+            if conn == b"close":
+                keep_alive = False
+            elif conn != b"keep-alive":
+                return -1  # (llhttp's own reading of the Connection tokens decides)
+        req = self._new_request(verb, url, "1.1", headers, ctype, keep_alive)
+        self._phase = _HEAD  # where a refusal leaves the connection on the parser path too
+        try:
+            err = self._handler.on_headers(req)
+        except Exception as exc:
+            log.error("request callback failed", exc_info=exc)
+            self._reject("internal_error")
+            return stop
+        if err is not None:
+            self._reject(None, err)
+            return stop
+        if length:
+            req.body = data[end:stop]
+        self._phase = _IDLE
+        self._continue = False
+        if self._active is None:
+            self._start(req)
+        else:
+            self._queue.append(req)
+        if not keep_alive:
+            self._closing = True
+        return stop
 
     def _split_head_end(self, data: bytes) -> int:
         """Where a head whose blank line began in the previous read ends in ``data`` (-1: it did not)."""
@@ -420,7 +486,10 @@ class HttpProtocol(Closing, asyncio.Protocol):
         except Rejected as exc:
             self._cb_failed(exc)
             raise
-        req = self._new_request(method, url, version, headers, ctype, conn)
+        keep_alive = self._parser.should_keep_alive()
+        if keep_alive and version == "1.0" and not keeps_alive_10(conn):
+            keep_alive = False
+        req = self._new_request(method, url, version, headers, ctype, keep_alive)
         try:
             err = self._handler.on_headers(req)
         except Exception as exc:
@@ -448,11 +517,8 @@ class HttpProtocol(Closing, asyncio.Protocol):
 
     @cython.annotation_typing(False)  # the cpdef of protocol.pxd
     def _new_request(self, method: str, url: bytes, version: str, headers: list[tuple[bytes, bytes]],
-                     ctype: bytes, conn: bytes | None) -> Request:
+                     ctype: bytes, keep_alive: bool) -> Request:
         path, _, query = url.partition(b"?")
-        keep_alive = self._parser.should_keep_alive()
-        if keep_alive and version == "1.0" and not keeps_alive_10(conn):
-            keep_alive = False
         return Request(method, url, path.decode("ascii"), query.decode("ascii") if query else "", version,
                        headers, keep_alive, self._peer, ctype)
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from flexinfer.http.head import Rejected, read_headers, request_line
 from tests.speedups.conftest import load
 
 
@@ -287,3 +288,171 @@ def test_request_head_version_is_the_parsers(headscan: ModuleType, version: str,
     head = b"OPTIONS " + target + b" HTTP/" + version.encode() + b"\r\nhost: h\r\n\r\n"
     assert headscan.request_head(head, 0) == (len(head), version)
     assert _parser_version(head) == version
+
+
+# ---- request_fields: a plainly written request head read without the parser ----------------------
+_PLAIN = (b"POST /v1/chat/completions?stream=1 HTTP/1.1\r\nHost: proxy:8080\r\nContent-Type:  application/json\r\n"
+          b"Content-Length: 2\t \r\nX-Empty:\r\nAuthorization: Bearer a.b-c_d~e\r\n\r\n")
+
+
+@pytest.mark.parametrize(("head", "want"), [
+    (_PLAIN, (b"POST", b"/v1/chat/completions?stream=1",
+              [(b"Host", b"proxy:8080"), (b"Content-Type", b"application/json"), (b"Content-Length", b"2\t "),
+               (b"X-Empty", b""), (b"Authorization", b"Bearer a.b-c_d~e")])),
+    (b"GET / HTTP/1.1\r\n\r\n", (b"GET", b"/", [])),
+    (b"DELETE /a/%2F;p=1:@!$&'()*+,= HTTP/1.1\r\nA: \t \r\n\r\n", (b"DELETE", b"/a/%2F;p=1:@!$&'()*+,=", [(b"A", b"")])),
+    (b"OPTIONS /x HTTP/1.1\r\nproxy-connectio: close\r\n\r\n", (b"OPTIONS", b"/x", [(b"proxy-connectio", b"close")])),
+    # not plain: the parser decides
+    (b"GET / HTTP/1.0\r\n\r\n", None),
+    (b"CONNECT / HTTP/1.1\r\n\r\n", None),
+    (b"TRACE / HTTP/1.1\r\n\r\n", None),
+    (b"get / HTTP/1.1\r\n\r\n", None),
+    (b"GETS / HTTP/1.1\r\n\r\n", None),
+    (b"GET * HTTP/1.1\r\n\r\n", None),
+    (b"GET http://h/ HTTP/1.1\r\n\r\n", None),
+    (b"GET /a#f HTTP/1.1\r\n\r\n", None),
+    (b"GET /a\"b HTTP/1.1\r\n\r\n", None),
+    (b"GET /\xc3\xa9 HTTP/1.1\r\n\r\n", None),
+    (b"GET  / HTTP/1.1\r\n\r\n", None),
+    (b"GET / HTTP/1.1 \r\n\r\n", None),
+    (b"GET / HTTP/1.1\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA: b\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA: b\rc\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA : b\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\n A: b\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA: b\r\n c\r\n\r\n", None),  # obs-fold
+    (b"GET / HTTP/1.1\r\n: b\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA_B: b\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA.B: b\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA: b\xff\r\n\r\n", None),  # obs-text
+    (b"GET / HTTP/1.1\r\nA: b\x7f\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA: b\x00\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nA\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nProxy-Connection: keep-alive\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nPROXY-connection: close\r\n\r\n", None),
+])
+def test_request_fields_cases(headscan: ModuleType, head: bytes, want: object) -> None:
+    assert headscan.request_fields(head, 0, len(head)) == want
+    lead = b"x" * 5 + head + b"tail"
+    assert headscan.request_fields(lead, 5, 5 + len(head)) == want
+
+
+def test_request_fields_bounds(headscan: ModuleType) -> None:
+    head = b"GET / HTTP/1.1\r\nA: b\r\n\r\n"
+    assert headscan.request_fields(head, 0, len(head) - 1) is None  # end not after a CRLF
+    assert headscan.request_fields(head, 0, len(head) + 1) is None  # end past the data
+    assert headscan.request_fields(head, -1, len(head)) is None
+    assert headscan.request_fields(head, 0, 18) is None  # the head cut inside its field line
+    assert headscan.request_fields(b"GET / HTTP/1.1\r\n", 0, 16) is None  # no blank line in it
+    with pytest.raises(TypeError):
+        headscan.request_fields(bytearray(head), 0, len(head))
+
+
+def test_request_fields_hands_back_the_same_method_objects(headscan: ModuleType) -> None:
+    for m in (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH"):
+        head = m + b" / HTTP/1.1\r\n\r\n"
+        got = headscan.request_fields(head, 0, len(head))
+        assert got is not None and got[0] == m and got[0] is headscan.PLAIN_METHODS[m]
+
+
+class _Fields:
+    """httptools callbacks: the method, target, fields and version as the server's parser reads them."""
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.head: tuple[bytes, str, bool] | None = None
+        self.parser = httptools.HttpRequestParser(self)
+
+    def on_url(self, piece: bytes) -> None:
+        self.url += piece
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        p = self.parser
+        self.head = (p.get_method(), p.get_http_version(), p.should_keep_alive())
+
+
+_VALID_METHODS = [b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH"]
+# mostly what the fast path reads, with every kind of byte it must leave to the parser mixed in
+_F_METHOD = st.sampled_from(_VALID_METHODS * 4 + [b"CONNECT", b"TRACE", b"GETX", b"get", b"PRI"])
+_F_TARGET = st.lists(st.sampled_from([b"/", b"a", b"Z", b"0", b"-", b".", b"_", b"~", b"!", b"$", b"&", b"'", b"(",
+                                      b")", b"*", b"+", b",", b";", b"=", b":", b"@", b"?", b"%"] * 3
+                                     + [b"#", b'"', b"<", b"\\", b"^", b"`", b"{", b"|", b" ", b"\x7f", b"\x80",
+                                        b"\t"]),
+                     max_size=12).map(lambda p: b"/" + b"".join(p))
+_F_NAME = st.sampled_from([b"content-length", b"Content-Type", b"Connection", b"X-A", b"accept", b"User-Agent"] * 3
+                          + [b"Host", b"Proxy-Connection", b"Transfer-Encoding", b"Expect", b"Upgrade", b"x_a", b"x.a",
+                             b"", b"a b", b"\xff", b"9"])
+_F_VALUE = st.lists(st.sampled_from([b"a", b" ", b"\t", b"close", b"keep-alive", b"12", b",", b"Close", b"0", b"~",
+                                     b'"'] * 3 + [b"\x7f", b"\x00", b"\x80", b"\xff", b"\r", b"\n", b"\x01"]),
+                    max_size=5).map(b"".join)
+_F_LINE_END = st.sampled_from([b"\r\n"] * 20 + [b"\n", b"\r", b"\r\n "])
+_F_COLON = st.sampled_from([b":", b": ", b": ", b":\t ", b" :"])
+
+
+@given(_F_METHOD, _F_TARGET, st.sampled_from([b" HTTP/1.1"] * 6 + [b" HTTP/1.0", b" HTTP/1.1 ", b"  HTTP/1.1"]),
+       st.lists(st.tuples(_F_NAME, _F_COLON, _F_VALUE, _F_LINE_END), max_size=5),
+       st.integers(0, 6), st.integers(0, 3))
+@example(b"GET", b"/", b" HTTP/1.1", [(b"Connection", b": ", b"close", b"\r\n")], 0, 0)
+@settings(max_examples=4000, deadline=None)
+def test_request_fields_twins_agree_and_read_what_the_parser_reads(method: bytes, target: bytes, version: bytes,
+                                                                  lines: list[tuple[bytes, bytes, bytes, bytes]],
+                                                                  host_at: int, lead: int) -> None:
+    """Whatever the fast path would take (request_fields reads it, the head rules pass it), httptools
+    takes too and reads the same way (_same_as_the_parser); and the twins agree on every head,
+    plain or not. A Host line goes in at ``host_at`` (none past the end)."""
+    fields = [n + c + v + e for n, c, v, e in lines]
+    if host_at <= len(fields):
+        fields.insert(host_at, b"Host: h:1\r\n")
+    head = method + b" " + target + version + b"\r\n" + b"".join(fields) + b"\r\n"
+    end = head.find(b"\r\n\r\n") + 4
+    data = b"x" * lead + head
+    want = load("headscan", "py").request_fields(data, lead, lead + end)
+    try:
+        assert load("headscan", "c").request_fields(data, lead, lead + end) == want
+    except pytest.skip.Exception:
+        pass
+    _same_as_the_parser(want, head[:end])
+
+
+def _same_as_the_parser(want: tuple[bytes, bytes, list[tuple[bytes, bytes]]] | None, head: bytes) -> None:
+    """Where the server would take ``want`` without its parser (read, and passed by the head
+    rules as its fast path applies them: HttpProtocol._take_plain), httptools takes the same head
+    and reads the same method, target, fields, version and keep-alive."""
+    if want is None:
+        return
+    try:
+        request_line("1.1", want[0], want[1])
+        _, _, length, expect, conn = read_headers(want[2], "1.1", 1 << 20)
+    except Rejected:
+        return
+    if length < 0 or expect or (conn is not None and conn.lower() not in (b"close", b"keep-alive")):
+        return
+    sink = _Fields()
+    sink.parser.feed_data(head)  # raises if the parser refuses what the fast path would take
+    assert sink.head is not None
+    assert (want[0], "1.1", conn is None or conn.lower() != b"close") == sink.head
+    assert (want[1], want[2]) == (sink.url, sink.fields)
+
+
+@given(st.binary(max_size=60), st.integers(0, 80), st.binary(min_size=1, max_size=3))
+@settings(max_examples=3000, deadline=None)
+def test_request_fields_mutated_heads(prefix: bytes, at: int, patch: bytes) -> None:
+    """A plain head with bytes overwritten anywhere: the twins agree, and what is read the parser reads."""
+    head = bytearray(_PLAIN)
+    at %= len(head)
+    head[at:at + len(patch)] = patch
+    data = bytes(head)
+    end = data.find(b"\r\n\r\n")
+    if end == -1:
+        return
+    end += 4
+    want = load("headscan", "py").request_fields(data, 0, end)
+    try:
+        assert load("headscan", "c").request_fields(data, 0, end) == want
+    except pytest.skip.Exception:
+        pass
+    _same_as_the_parser(want, data[:end])
