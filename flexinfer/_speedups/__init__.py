@@ -29,6 +29,7 @@ __all__ = [
     "ChunkedBody",
     "FramingError",
     "HashRing",
+    "LengthBody",
     "SharedBuckets",
     "SharedCounts",
     "SharedPrefixes",
@@ -52,6 +53,7 @@ __all__ = [
     "parse_usage",
     "request_fields",
     "request_head",
+    "response_head",
     "sse_scan",
     "usage_cuts",
 ]
@@ -84,6 +86,7 @@ def _pick(name: str) -> ModuleType:
 if TYPE_CHECKING:
     from .bodyframe_py import ChunkedBody as ChunkedBody
     from .bodyframe_py import FramingError as FramingError
+    from .bodyframe_py import LengthBody as LengthBody
     from .bodyframe_py import head_end as head_end
     from .chunkframe_py import frame_chunk as frame_chunk
     from .hashring_py import HashRing as HashRing
@@ -91,6 +94,7 @@ if TYPE_CHECKING:
     from .headscan_py import head_lines_ok as head_lines_ok
     from .headscan_py import request_fields as request_fields
     from .headscan_py import request_head as request_head
+    from .headscan_py import response_head as response_head
     from .keyscan_py import model_key_scan as model_key_scan
     from .prefixhash_py import chained_block_hashes as chained_block_hashes
     from .schedkern_py import best_of as best_of
@@ -114,6 +118,7 @@ else:
     _bodyframe = _pick("bodyframe")
     ChunkedBody = _bodyframe.ChunkedBody
     FramingError = _bodyframe.FramingError
+    LengthBody = _bodyframe.LengthBody
     head_end = _bodyframe.head_end
     del _bodyframe
     frame_chunk = _pick("chunkframe").frame_chunk
@@ -123,6 +128,7 @@ else:
     head_lines_ok = _headscan.head_lines_ok
     request_fields = _headscan.request_fields
     request_head = _headscan.request_head
+    response_head = _headscan.response_head
     del _headscan
     model_key_scan = _pick("keyscan").model_key_scan
     chained_block_hashes = _pick("prefixhash").chained_block_hashes

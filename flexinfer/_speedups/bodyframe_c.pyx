@@ -250,3 +250,31 @@ cdef class ChunkedBody:
         result = <object>raw  # a second reference ...
         Py_DECREF(result)  # ... and raw's given up: result holds the only one
         return result
+
+
+cdef class LengthBody:
+    """One body of ``length`` bytes, fed read by read (see bodyframe_py): the same surface as
+    ChunkedBody."""
+
+    cdef public bint done
+    cdef public Py_ssize_t extra
+    cdef public Py_ssize_t left
+
+    def __init__(self, Py_ssize_t length):
+        if length <= 0:
+            raise ValueError("a LengthBody has at least one byte")
+        self.done = False
+        self.extra = 0
+        self.left = length
+
+    def feed(self, bytes data not None):
+        """The body bytes ``data`` carries (see bodyframe_py)."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t left = self.left
+        if n < left:
+            self.left = left - n
+            return data
+        self.left = 0
+        self.done = True
+        self.extra = n - left
+        return data if n == left else data[:left]

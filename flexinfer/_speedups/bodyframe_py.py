@@ -4,7 +4,8 @@ reference twin of bodyframe_c.
 Owns: :func:`head_end` (where a response head that arrived whole and names ``chunked`` ends, when
 its line ends are all CRLF, so that the bytes after it are the body's and nothing else's) and :class:`ChunkedBody` (an
 HTTP/1.1 chunked body, fed read by read: the payload each read carries, joined, and where the
-message ends). The upstream connection (flexinfer/http/client.py) hands httptools the head alone and
+message ends) and :class:`LengthBody` (the same for a Content-Length body, after a head the
+connection read itself). The upstream connection (flexinfer/http/client.py) hands httptools the head alone and
 the body to a :class:`ChunkedBody`: one call per read instead of httptools' callback per chunk (a
 burst of 35 events is 35 callbacks), and one payload per read for the relay.
 Rules (RFC 9112 section 7.1; where the framing is concerned, what llhttp accepts by default, checked
@@ -20,7 +21,7 @@ Must not: import anything of ours; accept a framing byte that is not the grammar
 
 from __future__ import annotations
 
-__all__ = ["ChunkedBody", "FramingError", "head_end"]
+__all__ = ["ChunkedBody", "FramingError", "LengthBody", "head_end"]
 
 _HEX = {c: i for i, c in enumerate(b"0123456789abcdef")} | {c: 10 + i for i, c in enumerate(b"ABCDEF")}
 #: the bytes of a token (RFC 9110 section 5.6.2): a trailer's name
@@ -164,3 +165,33 @@ class ChunkedBody:
         if not out:
             return b""
         return out[0] if len(out) == 1 else b"".join(out)
+
+
+class LengthBody:
+    """One body of ``length`` bytes (a Content-Length), fed by :meth:`feed` read by read, with the
+    same surface as :class:`ChunkedBody` (``done``, ``extra``, ``left``), so that the connection reads
+    both framings alike once it has read the head itself."""
+
+    __slots__ = ("done", "extra", "left")
+
+    def __init__(self, length: int) -> None:
+        if length <= 0:
+            raise ValueError("a LengthBody has at least one byte")
+        self.done = False
+        self.extra = 0
+        self.left = length  # body bytes still to come
+
+    def feed(self, data: bytes) -> bytes:
+        """The body bytes ``data`` carries (all of it until the last one; the bytes after the end
+        are counted in :attr:`extra`, not returned)."""
+        if type(data) is not bytes:
+            raise TypeError(f"feed() takes bytes, not {type(data).__name__}")
+        n = len(data)
+        left = self.left
+        if n < left:
+            self.left = left - n
+            return data
+        self.left = 0
+        self.done = True
+        self.extra = n - left
+        return data if n == left else data[:left]

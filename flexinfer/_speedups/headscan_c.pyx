@@ -370,3 +370,72 @@ def request_fields(bytes data not None, Py_ssize_t pos, Py_ssize_t end):
         fields.append((name, PyBytes_FromStringAndSize(<const char*>b + vstart, p - vstart)))
         p += 2
     return (method, target, fields)
+
+
+cdef extern from "Python.h":
+    object PyBytes_FromStringAndSize_NULL "PyBytes_FromStringAndSize" (const char*, Py_ssize_t)
+    char* PyBytes_AS_STRING_W "PyBytes_AS_STRING" (object)
+    object PyLong_FromLong(long)
+
+
+cdef inline object _lower_bytes(const unsigned char* p, Py_ssize_t n):
+    """A new bytes of ``p[:n]`` with A-Z lower-cased."""
+    cdef object out = PyBytes_FromStringAndSize_NULL(NULL, n)
+    cdef unsigned char* w = <unsigned char*>PyBytes_AS_STRING_W(out)
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(n):
+        c = p[i]
+        w[i] = c + 32 if 65 <= c <= 90 else c
+    return out
+
+
+def response_head(bytes data not None):
+    """Where the plainly written response head at the start of ``data`` ends, its status and its
+    fields (names lower-cased), else None (see headscan_py): one walk with the byte tables of
+    request_fields."""
+    cdef const unsigned char* b = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t p, start, vstart
+    cdef int status
+    cdef list fields
+    cdef object name
+    # (no search for the blank line first: the walk stops at it, and anything before it that is
+    # not plain, a bare LF included, is None; a head not yet whole runs off the end: None too)
+    if n < 17 or memcmp(b, b"HTTP/1.1 ", 9) != 0:
+        return None
+    if not (50 <= b[9] <= 53 and 48 <= b[10] <= 57 and 48 <= b[11] <= 57 and b[12] == 32):
+        return None
+    status = (b[9] - 48) * 100 + (b[10] - 48) * 10 + (b[11] - 48)
+    p = 13
+    while p < n and _VALUE[b[p]]:
+        p += 1
+    if p + 2 > n or b[p] != 13 or b[p + 1] != 10:
+        return None
+    p += 2
+    fields = []
+    while True:
+        if p + 2 > n:
+            return None
+        if b[p] == 13:
+            if b[p + 1] != 10:
+                return None
+            return (p + 2, PyLong_FromLong(status), fields)
+        start = p
+        while p < n and _NAME[b[p]]:
+            p += 1
+        if p == start or p >= n or b[p] != 58:  # ':'
+            return None
+        if p - start == 16 and strncasecmp(<const char*>b + start, b"proxy-connection", 16) == 0:
+            return None
+        name = _lower_bytes(b + start, p - start)
+        p += 1
+        while p < n and (b[p] == 32 or b[p] == 9):
+            p += 1
+        vstart = p
+        while p < n and _VALUE[b[p]]:
+            p += 1
+        if p + 2 > n or b[p] != 13 or b[p + 1] != 10:
+            return None
+        fields.append((name, PyBytes_FromStringAndSize(<const char*>b + vstart, p - vstart)))
+        p += 2

@@ -145,3 +145,43 @@ def request_fields(data: bytes, pos: int, end: int) -> tuple[bytes, bytes, list[
     if p != stop:
         return None
     return method, target, fields
+
+
+#: ``HTTP/1.1 SP status SP reason CRLF``: a final status 200-599, a reason of visible ASCII, SP, HTAB
+_PLAIN_STATUS = re.compile(rb"HTTP/1\.1 ([2-5][0-9][0-9]) [\x20-\x7e\t]*\r\n")
+
+
+def response_head(data: bytes) -> tuple[int, int, list[tuple[bytes, bytes]]] | None:
+    """Where the plainly written response head at the start of ``data`` ends (just after its blank
+    line), its status, and its fields as ``(lower-cased name, value)``; None when no blank line has
+    arrived or the head is not plainly written.
+
+    Plainly written: the status line is ``HTTP/1.1 SP status SP reason CRLF`` with a status of
+    200-599 and a reason of visible ASCII, SP and HTAB (possibly empty); the field lines are those
+    of :func:`request_fields` (no ``Proxy-Connection``), each value without its leading whitespace,
+    its trailing kept: what llhttp hands its callbacks. A strict subset of what llhttp accepts;
+    the caller's parser reads (or refuses) anything else. Nothing is checked against limits or
+    header rules here."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"response_head() takes bytes, not {type(data).__name__}")
+    i = data.find(b"\r\n\r\n")
+    if i == -1:
+        return None
+    stop = i + 2
+    m = _PLAIN_STATUS.match(data, 0, stop)
+    if m is None:
+        return None
+    fields: list[tuple[bytes, bytes]] = []
+    p = m.end()
+    while p < stop:
+        f = _PLAIN_FIELD.match(data, p, stop)
+        if f is None:
+            return None
+        name = f.group(1).lower()
+        if name == b"proxy-connection":
+            return None
+        fields.append((name, f.group(2)))
+        p = f.end()
+    if p != stop:
+        return None
+    return i + 4, int(m.group(1)), fields

@@ -7,8 +7,12 @@
 # cpdef: the methods called per request on a typed connection or pool (a C call there, a method from
 # Python); those with int, float or list[...] annotations say @cython.annotation_typing(False) in the
 # .py, so that the untyped declarations here match (flexinfer/_nocython.py).
+cimport cython
 cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
 from flexinfer.http.upstream cimport serialize_request  # (so the .py does not re-export it)
+
+@cython.locals(cl=object, chunked=bint, name=bytes, value=bytes)
+cpdef tuple _framing(list headers)
 
 cdef class _Compiled:
     pass
@@ -16,7 +20,8 @@ cdef class _Compiled:
 cdef class UpstreamPool
 
 cdef class _Conn(_Compiled):
-    cdef public object _chunk_feed, _time, broken, checked_out, chunks, close_delimited, cut, expect_response, hdr_bytes, head_due
+    cdef public object _body_feed, _time, broken, checked_out, close_delimited, cut, expect_response, framing, hdr_bytes
+    cdef public object head_due
     cdef public list headers
     cdef public object head_only, head_raw, idle_since, idle_watch, in_head, interim, keep_alive, last_rx
     cdef public object loop, lost, msg_done, on_head, parser, paused, poller, reused
@@ -25,6 +30,10 @@ cdef class _Conn(_Compiled):
     cdef public object timer, timer_at, transport, waiter
     cpdef exchange(self, head, body, timeout, head_only, on_head=*)
     cpdef _arm(self, due)
+    @cython.locals(size=Py_ssize_t, end=Py_ssize_t, close=bint, seen_conn=bint, name=bytes, value=bytes, token=bytes,
+                   got=tuple, headers=list)
+    cpdef Py_ssize_t _take_head(self, data) except? -2
+    cpdef _head_in(self, status, cl, chunked, keep_alive, own_body)
     cpdef _cancel_timer(self)
     cpdef _finish(self)
     cpdef pause_reading(self)

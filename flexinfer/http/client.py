@@ -9,8 +9,9 @@ arrived before the loop's last poll has already removed the connection — and
 at most one retry of a reused connection that failed before any response byte, only for GET, HEAD
 and OPTIONS: a request whose bytes were written is never written again otherwise, because the
 engine may already be running it; that refusal is an ``UpstreamError`` with ``reason="not_replayed"``),
-one exchange at a time per connection (:class:`_Conn`; a chunked body after a head that came whole is
-read by ``_speedups.ChunkedBody``, one call per read, instead of httptools' callback per chunk), strict
+one exchange at a time per connection (:class:`_Conn`; a plainly written head that came whole is read
+without httptools, and its Content-Length or chunked body by ``_speedups.LengthBody`` or
+``ChunkedBody``, one call per read, instead of httptools' callback per chunk), strict
 parsing of responses
 (garbage, CL+TE, duplicate CL, oversize head, unrequested 101 -> ``reason="protocol"``) and the
 response-start and stream-idle timeouts (no total timeout; deadlines are floats watched by one lazy
@@ -37,7 +38,7 @@ try:
 except ImportError:  # no Cython here: its decorators do nothing in pure Python
     from flexinfer import _nocython as cython  # type: ignore[no-redef]
 
-from flexinfer._speedups import ChunkedBody, FramingError, head_end
+from flexinfer._speedups import ChunkedBody, FramingError, LengthBody, head_end, response_head
 from flexinfer.http.upstream import (
     HOP_BY_HOP,
     UpstreamConnectError,
@@ -64,6 +65,8 @@ __all__ = [
 
 #: Methods whose request may be written again after a reused connection failed before the answer.
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+#: a Content-Length this long or longer is left to the parser (which refuses one past 2**64 - 1)
+_CL_MAX = 10**18
 
 
 class _ReuseFailed(Exception):
@@ -85,6 +88,29 @@ class _ExtraMessage(Exception):
     pass
 
 
+@cython.annotation_typing(False)  # the cpdef of client.pxd
+def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool]:
+    """A final response's body framing from its (lower-cased) headers: its Content-Length (None
+    if absent) and whether it is chunked; :class:`_ProtocolViolation` for a framing the proxy does
+    not relay (a bad or repeated Content-Length, another coding, both headers)."""
+    cl: int | None = None
+    chunked = False
+    name: bytes  # (typed: the build calls bytes' strip without a lookup by name)
+    value: bytes
+    for name, value in headers:
+        if name == b"content-length":
+            if cl is not None or not value.strip().isdigit():
+                raise _ProtocolViolation("invalid Content-Length")
+            cl = int(value)
+        elif name == b"transfer-encoding":
+            if chunked or value.strip().lower() != b"chunked":
+                raise _ProtocolViolation("unsupported Transfer-Encoding")
+            chunked = True
+    if cl is not None and chunked:
+        raise _ProtocolViolation("Content-Length with Transfer-Encoding")
+    return cl, chunked
+
+
 class _Compiled:
     """An empty first base, so that the compiled build can make :class:`_Conn` an extension type
     (client.pxd) while it stays an ``asyncio.Protocol`` (a Python class) for asyncio and mypy."""
@@ -98,17 +124,46 @@ class _Conn(_Compiled, asyncio.Protocol):
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
-        "_chunk_feed", "_time", "broken", "checked_out", "chunks", "close_delimited", "cut",
-        "expect_response", "hdr_bytes", "head_due", "head_only", "head_raw", "headers", "idle_since", "idle_watch",
-        "in_head", "interim", "keep_alive", "last_rx", "loop", "lost", "msg_done", "on_head", "parser", "paused",
-        "poller", "pool", "resp", "reused", "timer", "timer_at", "transport", "waiter",
+        "_body_feed",
+        "_time",
+        "broken",
+        "checked_out",
+        "close_delimited",
+        "cut",
+        "expect_response",
+        "framing",
+        "hdr_bytes",
+        "head_due",
+        "head_only",
+        "head_raw",
+        "headers",
+        "idle_since",
+        "idle_watch",
+        "in_head",
+        "interim",
+        "keep_alive",
+        "last_rx",
+        "loop",
+        "lost",
+        "msg_done",
+        "on_head",
+        "parser",
+        "paused",
+        "poller",
+        "pool",
+        "resp",
+        "reused",
+        "timer",
+        "timer_at",
+        "transport",
+        "waiter",
     )
 
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.loop = loop
         # bound once (a call by name costs a lookup each time): the clock per upstream read, like
-        # the chunked decoder's feed per read of its body (_chunk_feed)
+        # the body reader's feed per read of its body (_body_feed)
         self._time = loop.time
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpResponseParser(self)
@@ -139,8 +194,9 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.hdr_bytes = 0
         self.poller: select.poll | None = None
         #: the chunked body being read without httptools (see data_received), or None
-        self.chunks: ChunkedBody | None = None
-        self._chunk_feed: Callable[[bytes], bytes] = None  # type: ignore[assignment]  # chunks.feed, with chunks
+        #: the body being read without httptools (chunked, or a Content-Length after a plain head)
+        self.framing: ChunkedBody | LengthBody | None = None
+        self._body_feed: Callable[[bytes], bytes] = None  # type: ignore[assignment]  # framing.feed, with framing
         self.cut = False  # httptools is being fed a head that ends the read it came in
 
     # ---- asyncio callbacks ------------------------------------------------------------------
@@ -178,12 +234,14 @@ class _Conn(_Compiled, asyncio.Protocol):
         self._deliver(err, allow_retry=True)
 
     def data_received(self, data: bytes) -> None:
-        """One read. A chunked body is read by :class:`~flexinfer._speedups.ChunkedBody` (one call
-        per read, its payload handed over as one piece) once httptools has read the head: a head
-        that arrives whole at the start of a read and names ``chunked`` (``head_end``) is fed to
-        httptools alone and the rest of the read, like every later read of the body, goes to the
-        decoder; any other response (a head in pieces, interim responses, bare LF line ends,
-        another framing) is httptools' from end to end, as before."""
+        """One read. The read that starts a response head which arrived whole and is plainly
+        written, with a Content-Length or chunked body, is read without httptools
+        (:meth:`_take_head`): its body, from the rest of that read on, goes to a
+        :class:`~flexinfer._speedups.LengthBody` or :class:`~flexinfer._speedups.ChunkedBody` (one
+        call per read, its payload handed over as one piece). A chunked head that is not plain but
+        arrives whole at the start of a read (``head_end``) is fed to httptools alone, and its body
+        goes to the decoder likewise; any other response (a head in pieces, interim responses, bare
+        LF line ends, another framing) is httptools' from end to end."""
         if not self.expect_response:
             # unsolicited bytes (extra data after a response, or from an idle pooled connection)
             self.broken = True
@@ -191,22 +249,27 @@ class _Conn(_Compiled, asyncio.Protocol):
             return
         n = len(data)
         self.last_rx = self._time()
-        body = self.chunks
+        body = self.framing
         if body is None:
             failure: Exception | None = None
             if self.in_head:
                 self.head_raw += n
                 if self.head_raw == n and not self.head_only:  # the read that starts the head
-                    end = head_end(data)
-                    if end > 0:
-                        self.cut = True
-                        try:
-                            self.parser.feed_data(data if end == n else data[:end])
-                        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-                            failure = exc
-                        self.cut = False
-                        data = data[end:] if failure is None and end < n else b""
-                        body = self.chunks  # on_headers_complete made it: the rest is the decoder's
+                    end = self._take_head(data)
+                    if end > 0:  # read without the parser: the rest of the read is the body's
+                        data = data[end:] if end < n else b""
+                        body = self.framing
+                    else:
+                        end = head_end(data)
+                        if end > 0:
+                            self.cut = True
+                            try:
+                                self.parser.feed_data(data if end == n else data[:end])
+                            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                                failure = exc
+                            self.cut = False
+                            data = data[end:] if failure is None and end < n else b""
+                            body = self.framing  # on_headers_complete made it: the rest is the decoder's
             if body is None or failure is not None:
                 if data:
                     try:
@@ -223,25 +286,25 @@ class _Conn(_Compiled, asyncio.Protocol):
                 elif self.in_head and self.head_raw > self.pool._settings.max_response_header_bytes:
                     self._fail_protocol("response head too large")
                 return
-        # the chunked body, without httptools: its payload to the response in one piece, the end as
+        # the body, without httptools: its payload to the response in one piece, the end as
         # httptools' on_message_complete would have it, then the same steps as above
         resp = self.resp
         try:
-            payload = self._chunk_feed(data)
+            payload = self._body_feed(data)
         except FramingError as exc:
             if resp is not None:
                 resp.on_read_end()
             self._fail_protocol(f"malformed response: {exc}")
             return
-        # (msg_done is False here: only the end of this body, below, sets it while the decoder reads)
+        # (msg_done is False here: only the end of this body, below, sets it while the reader reads)
         if not body.done:
             if resp is not None:  # a stream's usual read: its payload and its end in one call
                 resp.on_read_end(payload)
         else:
             if payload and resp is not None:
                 resp.on_body(payload)
-            self.chunks = None
-            self._chunk_feed = None  # type: ignore[assignment]
+            self.framing = None
+            self._body_feed = None  # type: ignore[assignment]
             if body.extra:
                 self.broken = True  # bytes after a complete response: never reuse
             self.on_message_complete()
@@ -249,6 +312,47 @@ class _Conn(_Compiled, asyncio.Protocol):
                 resp.on_read_end()
         if self.msg_done:
             self._finish()
+
+    @cython.annotation_typing(False)  # the cpdef of client.pxd
+    def _take_head(self, data: bytes) -> int:
+        """Read the response head at the start of ``data`` without the parser when it came whole
+        and is plainly written (headscan's ``response_head``: HTTP/1.1, a final status, plain field
+        lines), with a Content-Length of at least one byte or a chunked body; its Connection
+        header, if any, ``close`` or ``keep-alive``, no Upgrade; within the head limit and the
+        framing rules (the parser path's :func:`_framing`). Answers where the head ends, having
+        done what the parser path's on_headers_complete does; -1, having changed nothing, for any
+        other head, which the parser then reads (and refuses where a rule is broken)."""
+        got = response_head(data)
+        if got is None:
+            return -1
+        end, status, headers = got
+        size = 0
+        close = False
+        seen_conn = False
+        name: bytes  # (typed: the build compares and strips without lookups by name)
+        value: bytes
+        for name, value in headers:
+            size += len(name) + len(value) + 4
+            if name == b"connection":
+                token = value.strip(b" \t").lower()
+                if seen_conn or (token != b"close" and token != b"keep-alive"):
+                    return -1  # (llhttp's own reading of the Connection tokens decides)
+                seen_conn = True
+                close = token == b"close"
+            elif name == b"upgrade":
+                return -1
+        if size > self.pool._settings.max_response_header_bytes or status == 204 or status == 304:
+            return -1
+        try:
+            cl, chunked = _framing(headers)
+        except _ProtocolViolation:
+            return -1
+        if not chunked and (cl is None or cl == 0 or cl >= _CL_MAX):  # close-delimited, no body, huge: the parser's
+            return -1
+        self.headers = headers
+        self.hdr_bytes = size
+        self._head_in(status, cl, chunked, not close, True)
+        return end
 
     def _parse_failed(self, exc: Exception) -> bool:
         """A parse failure: True when the exchange failed (False: bytes after a complete response,
@@ -292,35 +396,34 @@ class _Conn(_Compiled, asyncio.Protocol):
         if status < 200:
             self.interim = True  # 100 / 103: skipped, the final response follows
             return
-        cl: int | None = None
-        chunked = False
-        name: bytes  # (typed: the build calls bytes' strip without a lookup by name)
-        value: bytes
-        for name, value in self.headers:
-            if name == b"content-length":
-                if cl is not None or not value.strip().isdigit():
-                    raise _ProtocolViolation("invalid Content-Length")
-                cl = int(value)
-            elif name == b"transfer-encoding":
-                if chunked or value.strip().lower() != b"chunked":
-                    raise _ProtocolViolation("unsupported Transfer-Encoding")
-                chunked = True
-        if cl is not None and chunked:
-            raise _ProtocolViolation("Content-Length with Transfer-Encoding")
+        cl, chunked = _framing(self.headers)
+        # (cut: the head ends the bytes httptools got, so a chunked body is ours)
+        self._head_in(status, cl, chunked, p.should_keep_alive(), self.cut and chunked)
+
+    @cython.annotation_typing(False)  # the cpdef of client.pxd
+    def _head_in(self, status: int, cl: int | None, chunked: bool, keep_alive: bool, own_body: bool) -> None:
+        """A final response's head is in (read by the parser or by :meth:`_take_head`): the
+        response, its body's reader when ``own_body`` (the body is read without httptools), the
+        timers, and the caller's head callback and waiter."""
         self.in_head = False
-        self.keep_alive = p.should_keep_alive()
+        self.keep_alive = keep_alive
         no_body = self.head_only or status == 204 or status == 304
         self.close_delimited = not no_body and cl is None and not chunked
         if self.close_delimited:
             self.keep_alive = False
         resp = UpstreamResponse(self, status, self.headers, cl, chunked, self.pool._settings.read_buffer_high)
         self.resp = resp
-        if self.cut and chunked and not no_body:  # the head ends the bytes httptools got: the body is ours
-            self.chunks = chunks = ChunkedBody(self.pool._settings.max_response_header_bytes)
-            self._chunk_feed = chunks.feed
-            # httptools would wait inside this body: the next exchange gets a fresh parser (the one
-            # running this callback finishes its feed, which ends with the head, and is dropped)
-            self.parser = httptools.HttpResponseParser(self)
+        if own_body and not no_body:
+            if chunked:
+                reader: ChunkedBody | LengthBody = ChunkedBody(self.pool._settings.max_response_header_bytes)
+            else:
+                reader = LengthBody(cl)  # type: ignore[arg-type]  # (not chunked: a Content-Length)
+            self.framing = reader
+            self._body_feed = reader.feed
+            if self.cut:
+                # httptools would wait inside this body: the next exchange gets a fresh parser (the
+                # one running this callback finishes its feed, which ends with the head, and is dropped)
+                self.parser = httptools.HttpResponseParser(self)
         self.head_due = 0.0
         waiter = self.waiter
         self.waiter = None

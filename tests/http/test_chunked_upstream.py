@@ -1,5 +1,6 @@
 """A chunked upstream body read without httptools (flexinfer/http/client.py: ``_Conn.data_received``
-cuts a whole head off its read and hands the body to ``_speedups.ChunkedBody``), over real sockets:
+reads a whole plain head itself, or cuts a whole head that is not plain off its read for httptools,
+and hands the body to ``_speedups.ChunkedBody``), over real sockets, both heads:
 the same bytes, ends, reuse and failures as when httptools reads the whole response, and the
 responses it must leave to httptools (a head in pieces, interim responses, HEAD) still read right."""
 
@@ -25,6 +26,15 @@ from tests.http._support import (
 )
 
 HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+#: not plain (obs-text in a value): httptools reads this head, cut off its read (head_end)
+HEAD_CUT = HEAD.replace(b"\r\n\r\n", b"\r\nX-Name: caf\xc3\xa9\r\n\r\n")
+both_heads = pytest.mark.parametrize("head", [HEAD, HEAD_CUT], ids=["plain", "cut"])
+
+
+def _each_head(shapes, ids):  # type: ignore[no-untyped-def]
+    """``shapes(head)`` for both heads, as pytest params with ids."""
+    return [pytest.param(w, id=f"{i}-{name}") for head, name in ((HEAD, "plain"), (HEAD_CUT, "cut"))
+            for w, i in zip(shapes(head), ids, strict=True)]
 
 
 def backend_writes(*responses: list[bytes]):  # type: ignore[no-untyped-def]
@@ -46,7 +56,7 @@ def backend_writes(*responses: list[bytes]):  # type: ignore[no-untyped-def]
 
 def decoder_reads(resp: UpstreamResponse) -> bool:
     """Whether the response's body is read by the decoder (not httptools) after its head."""
-    return getattr(resp._conn, "chunks", None) is not None
+    return getattr(resp._conn, "framing", None) is not None
 
 
 async def read_body(pool: UpstreamPool, path: str = "/") -> tuple[bytes, bool]:
@@ -62,11 +72,12 @@ async def read_body(pool: UpstreamPool, path: str = "/") -> tuple[bytes, bool]:
     return b"".join(pieces), owned
 
 
-async def test_a_stream_is_read_by_the_decoder_and_the_connection_reused() -> None:
+@both_heads
+async def test_a_stream_is_read_by_the_decoder_and_the_connection_reused(head: bytes) -> None:
     """Head and first event in one read, the events in reads of their own, then two more responses
     on the same connection: the parser left inside the first body is replaced for the next."""
     events = [b"data: %d\n\n" % i for i in range(5)]
-    writes = [HEAD + b"%x\r\n%b\r\n" % (len(events[0]), events[0])]
+    writes = [head + b"%x\r\n%b\r\n" % (len(events[0]), events[0])]
     writes += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
     async with RawBackend(backend_writes(writes)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
@@ -77,9 +88,10 @@ async def test_a_stream_is_read_by_the_decoder_and_the_connection_reused() -> No
         await pool.close()
 
 
-async def test_a_whole_body_in_the_head_s_read_and_a_content_length_response_after() -> None:
-    writes_a = [HEAD + b"3\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"]
-    writes_b = [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nplain"]
+@both_heads
+async def test_a_whole_body_in_the_head_s_read_and_a_content_length_response_after(head: bytes) -> None:
+    writes_a = [head + b"3\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"]
+    writes_b = [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Obs: \xff\r\n\r\nplain"]  # not plain
     async with RawBackend(backend_writes(writes_a, writes_b)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         assert (await read_body(pool))[0] == b"abcde"
@@ -90,12 +102,12 @@ async def test_a_whole_body_in_the_head_s_read_and_a_content_length_response_aft
         await pool.close()
 
 
-@pytest.mark.parametrize("writes", [
-    [HEAD[:20], HEAD[20:] + b"3\r\nabc\r\n", b"0\r\n\r\n"],  # a head in two reads: httptools' from end to end
-    [b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD + b"3\r\nabc\r\n", b"0\r\n\r\n"],  # an interim response first
-    [HEAD, b"3\r\nab", b"c\r\n0\r", b"\n\r\n"],  # the head alone, the body cut anywhere
-    [HEAD.replace(b"chunked", b"CHUNKED") + b"3;ext=1\r\nabc\r\n0\r\n\r\n"],
-], ids=["head-in-pieces", "interim-first", "body-cut-anywhere", "upper-case"])
+@pytest.mark.parametrize("writes", _each_head(lambda head: [
+    [head[:20], head[20:] + b"3\r\nabc\r\n", b"0\r\n\r\n"],  # a head in two reads: httptools' from end to end
+    [b"HTTP/1.1 100 Continue\r\n\r\n" + head + b"3\r\nabc\r\n", b"0\r\n\r\n"],  # an interim response first
+    [head, b"3\r\nab", b"c\r\n0\r", b"\n\r\n"],  # the head alone, the body cut anywhere
+    [head.replace(b"chunked", b"CHUNKED") + b"3;ext=1\r\nabc\r\n0\r\n\r\n"],
+], ["head-in-pieces", "interim-first", "body-cut-anywhere", "upper-case"]))
 async def test_every_shape_reads_the_same(writes: list[bytes]) -> None:
     async with RawBackend(backend_writes(writes)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
@@ -105,8 +117,9 @@ async def test_every_shape_reads_the_same(writes: list[bytes]) -> None:
         await pool.close()
 
 
-async def test_bytes_after_the_last_chunk_end_the_body_and_the_connection() -> None:
-    writes = [HEAD + b"2\r\nhi\r\n", b"0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison"]
+@both_heads
+async def test_bytes_after_the_last_chunk_end_the_body_and_the_connection(head: bytes) -> None:
+    writes = [head + b"2\r\nhi\r\n", b"0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison"]
     async with RawBackend(backend_writes(writes)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         assert await read_body(pool) == (b"hi", True)
@@ -118,8 +131,9 @@ async def test_bytes_after_the_last_chunk_end_the_body_and_the_connection() -> N
 
 @pytest.mark.parametrize("bad", [b"zz\r\nabc\r\n", b"3\r\nabcXX", b"3 \r\nabc\r\n", b"0\r\nno colon\r\n\r\n",
                                  b"ffffffffffffffffffff\r\n"])
-async def test_broken_framing_in_a_later_read_is_a_protocol_error(bad: bytes) -> None:
-    writes = [HEAD + b"2\r\nhi\r\n", bad]
+@both_heads
+async def test_broken_framing_in_a_later_read_is_a_protocol_error(bad: bytes, head: bytes) -> None:
+    writes = [head + b"2\r\nhi\r\n", bad]
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
         await backend_writes(writes)(reader, writer, conn)
@@ -137,9 +151,10 @@ async def test_broken_framing_in_a_later_read_is_a_protocol_error(bad: bytes) ->
         await pool.close()
 
 
-async def test_head_request_with_chunked_answer_is_not_cut() -> None:
+@both_heads
+async def test_head_request_with_chunked_answer_is_not_cut(head: bytes) -> None:
     """A HEAD's response has no body whatever it says: nothing is handed to a decoder."""
-    async with RawBackend(backend_writes([HEAD])) as backend:
+    async with RawBackend(backend_writes([head])) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("HEAD", "/", [], b"")
         assert resp.status == 200 and await resp.read() == b""
@@ -150,11 +165,11 @@ _EVENTS = [b"data: %d\n\n" % i for i in range(6)]
 _FRAMED = [b"%x\r\n%b\r\n" % (len(e), e) for e in _EVENTS]
 
 
-@pytest.mark.parametrize("writes", [
-    [HEAD + _FRAMED[0], *_FRAMED[1:], b"0\r\n\r\n"],  # an event per read, the end alone
-    [HEAD, _FRAMED[0] + _FRAMED[1], _FRAMED[2][:3], _FRAMED[2][3:] + _FRAMED[3], b"".join(_FRAMED[4:]) + b"0\r\n\r\n"],
-    [HEAD + b"".join(_FRAMED[:3]), b"".join(_FRAMED[3:]) + b"0\r\n\r\n"],
-], ids=["event-per-read", "cut-anywhere", "bursts"])
+@pytest.mark.parametrize("writes", _each_head(lambda head: [
+    [head + _FRAMED[0], *_FRAMED[1:], b"0\r\n\r\n"],  # an event per read, the end alone
+    [head, _FRAMED[0] + _FRAMED[1], _FRAMED[2][:3], _FRAMED[2][3:] + _FRAMED[3], b"".join(_FRAMED[4:]) + b"0\r\n\r\n"],
+    [head + b"".join(_FRAMED[:3]), b"".join(_FRAMED[3:]) + b"0\r\n\r\n"],
+], ["event-per-read", "cut-anywhere", "bursts"]))
 async def test_a_relayed_stream_reaches_the_client_whole_and_in_order(writes: list[bytes]) -> None:
     """Relayed as the proxy relays (``UpstreamResponse.relay`` into a ResponseWriter): each read's
     payload goes to the client in its read's one call, a read of framing only sends nothing, and

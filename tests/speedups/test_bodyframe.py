@@ -219,3 +219,42 @@ def test_twins_agree_on_any_bytes(reads: list[bytes], max_line: int) -> None:
         assert (py.done, py.extra, py.left) == (c.done, c.extra, c.left)
         if outs[0][0] == "error" or py.done:
             break
+
+
+# ---- LengthBody: a Content-Length body, read by read ---------------------------------------------
+
+@given(st.integers(1, 300), st.binary(min_size=0, max_size=400), st.lists(st.integers(0, 500), max_size=6))
+@settings(max_examples=1500, deadline=None)
+def test_length_body_reads_what_httptools_reads_however_split(length: int, wire: bytes, cuts: list[int]) -> None:
+    """A Content-Length body fed in any reads: the payloads joined are httptools' body, the end
+    comes with the read that carries the last byte, and the bytes after it are counted, not read."""
+    sink = BodySink()
+    parser = httptools.HttpResponseParser(sink)
+    parser.feed_data(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % length)
+    parser.feed_data(wire[:length])  # (what follows the body is the next message's, not the body's)
+    for twin in _twins():
+        body = twin.LengthBody(length)
+        out: list[bytes] = []
+        fed = 0  # bytes of wire fed, up to the end of the read that ended the body
+        for read in split_reads(wire, cuts):
+            if body.done:
+                break
+            out.append(body.feed(read))
+            fed += len(read)
+            assert body.left == max(0, length - sum(map(len, out)))
+        assert b"".join(out) == b"".join(sink.body) == wire[:length]
+        assert body.done == sink.done == (len(wire) >= length)
+        assert body.extra == (fed - length if body.done else 0)
+
+
+def test_length_body_hands_over_a_read_without_copying_it(bodyframe: ModuleType) -> None:
+    body = bodyframe.LengthBody(10)
+    read = b"0123456"
+    assert body.feed(read) is read and not body.done and body.left == 3
+    assert body.feed(b"") == b"" and body.left == 3
+    last = b"789"
+    assert body.feed(last) is last and body.done and body.extra == 0
+    with pytest.raises(ValueError):
+        bodyframe.LengthBody(0)
+    with pytest.raises(TypeError):
+        bodyframe.LengthBody(3).feed(bytearray(b"abc"))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from flexinfer.http.client import _framing, _ProtocolViolation
 from flexinfer.http.head import Rejected, read_headers, request_line
 from tests.speedups.conftest import load
 
@@ -456,3 +457,129 @@ def test_request_fields_mutated_heads(prefix: bytes, at: int, patch: bytes) -> N
     except pytest.skip.Exception:
         pass
     _same_as_the_parser(want, data[:end])
+
+
+# ---- response_head: a plainly written response head read without the parser ----------------------
+_RESP = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding:  chunked \r\nX-Empty:\r\n\r\n"
+
+
+@pytest.mark.parametrize(("data", "want"), [
+    (_RESP + b"5\r\nhello", (len(_RESP), 200, [(b"content-type", b"text/event-stream"),
+                                               (b"transfer-encoding", b"chunked "), (b"x-empty", b"")])),
+    (b"HTTP/1.1 503 \r\n\r\n", (17, 503, [])),
+    (b"HTTP/1.1 404 Not\tFound here\r\nA-B: c\r\n\r\nrest", (39, 404, [(b"a-b", b"c")])),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n", None),  # no blank line yet
+    (b"HTTP/1.0 200 OK\r\n\r\n", None),
+    (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", None),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", None),
+    (b"HTTP/1.1 600 X\r\n\r\n", None),
+    (b"HTTP/1.1 20 X\r\n\r\n", None),
+    (b"HTTP/1.1 200\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\n\r\n", None),
+    (b"HTTP/1.1 200 \xc3\xa9\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nA: \xff\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nA : b\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nA: b\r\n c\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nProxy-Connection: close\r\n\r\n", None),
+    (b" HTTP/1.1 200 OK\r\n\r\n", None),
+])
+def test_response_head_cases(headscan: ModuleType, data: bytes, want: object) -> None:
+    assert headscan.response_head(data) == want
+
+
+def test_response_head_takes_bytes_only(headscan: ModuleType) -> None:
+    with pytest.raises(TypeError):
+        headscan.response_head(bytearray(b"HTTP/1.1 200 OK\r\n\r\n"))
+
+
+class _RespFields:
+    """httptools' response callbacks: the status, fields (names lower-cased, as the client keeps
+    them) and keep-alive as the upstream connection's parser reads them."""
+
+    def __init__(self) -> None:
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.head: tuple[int, bool] | None = None
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.head = (self.parser.get_status_code(), self.parser.should_keep_alive())
+
+
+def _response_same_as_the_parser(want: tuple[int, int, list[tuple[bytes, bytes]]] | None, data: bytes) -> None:
+    """Where the upstream connection would take ``want`` without its parser (read, and passed by
+    the rules _Conn._take_head applies), httptools takes the same head: the same status, fields
+    and keep-alive, and no error."""
+    if want is None:
+        return
+    end, status, fields = want
+    conns = [v.strip(b" \t").lower() for n, v in fields if n == b"connection"]
+    if (len(conns) > 1 or (conns and conns[0] not in (b"close", b"keep-alive"))
+            or any(n == b"upgrade" for n, _ in fields) or status in (204, 304)):
+        return
+    try:
+        cl, chunked = _framing(fields)
+    except _ProtocolViolation:
+        return
+    if not chunked and (not cl or cl >= 10**18):
+        return
+    sink = _RespFields()
+    sink.parser.feed_data(data[:end])  # raises if the parser refuses what the plain path would take
+    assert sink.head == (status, not conns or conns[0] != b"close")
+    assert sink.fields == fields
+
+
+_R_STATUS = st.sampled_from([b"HTTP/1.1 200 OK", b"HTTP/1.1 404 ", b"HTTP/1.1 503 Busy now"] * 4
+                            + [b"HTTP/1.1 204 No", b"HTTP/1.1 101 S", b"HTTP/1.1 100 C", b"HTTP/1.0 200 OK",
+                               b"HTTP/1.1 200", b"HTTP/1.1 2000 OK", b"HTTP/1.1 200 O\x7f"])
+_R_NAME = st.sampled_from([b"Content-Length", b"transfer-encoding", b"Content-Type", b"Connection", b"X-A",
+                           b"Keep-Alive", b"Server"] * 3
+                          + [b"Upgrade", b"Proxy-Connection", b"x_a", b"", b"a b", b"\xff"])
+_R_VALUE = st.lists(st.sampled_from([b"a", b" ", b"\t", b"close", b"keep-alive", b"12", b"chunked", b",", b"Close",
+                                     b"0", b"gzip"] * 3 + [b"\x7f", b"\x00", b"\x80", b"\xff", b"\r", b"\n"]),
+                    max_size=4).map(b"".join)
+
+
+_R_FRAMING = st.sampled_from([b"Content-Length: 12\r\n", b"content-length:7 \r\n", b"Transfer-Encoding: chunked\r\n",
+                              b"transfer-encoding:\tChunked\r\n", b"Content-Length: 0\r\n", b""])
+
+
+@given(_R_STATUS, st.lists(st.tuples(_R_NAME, _F_COLON, _R_VALUE, _F_LINE_END), max_size=5), _R_FRAMING,
+       st.integers(0, 5), st.binary(max_size=8))
+@example(b"HTTP/1.1 200 OK", [(b"Content-Length", b": ", b"12", b"\r\n")], b"", 0, b"")
+@example(b"HTTP/1.1 200 OK", [(b"Connection", b": ", b"close", b"\r\n")], b"Transfer-Encoding: chunked\r\n", 0,
+         b"0\r\n\r\n")
+@settings(max_examples=4000, deadline=None)
+def test_response_head_twins_agree_and_read_what_the_parser_reads(status: bytes,
+                                                                 lines: list[tuple[bytes, bytes, bytes, bytes]],
+                                                                 framing: bytes, at: int, body: bytes) -> None:
+    """Whatever the upstream connection would take without its parser, httptools takes and reads
+    alike (_response_same_as_the_parser); the twins agree on every head. A framing line goes in
+    at ``at``."""
+    fields = [n + c + v + e for n, c, v, e in lines]
+    fields.insert(min(at, len(fields)), framing)
+    data = status + b"\r\n" + b"".join(fields) + b"\r\n" + body
+    want = load("headscan", "py").response_head(data)
+    try:
+        assert load("headscan", "c").response_head(data) == want
+    except pytest.skip.Exception:
+        pass
+    _response_same_as_the_parser(want, data)
+
+
+@given(st.integers(0, 200), st.binary(min_size=1, max_size=3))
+@settings(max_examples=2000, deadline=None)
+def test_response_head_mutated(at: int, patch: bytes) -> None:
+    head = bytearray(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17\r\n"
+                     b"Connection: keep-alive\r\nServer: x\r\n\r\n{}")
+    at %= len(head)
+    head[at:at + len(patch)] = patch
+    data = bytes(head)
+    want = load("headscan", "py").response_head(data)
+    try:
+        assert load("headscan", "c").response_head(data) == want
+    except pytest.skip.Exception:
+        pass
+    _response_same_as_the_parser(want, data)
