@@ -320,14 +320,70 @@ cdef extern from "strings.h":
     int strncasecmp(const char* a, const char* b, size_t n) nogil
 
 
+cdef extern from "Python.h":
+    object PyBytes_FromStringAndSize_NULL "PyBytes_FromStringAndSize" (const char*, Py_ssize_t)
+    char* PyBytes_AS_STRING_W "PyBytes_AS_STRING" (object)
+    object PyLong_FromLong(long)
+
+
+cdef inline object _lower_bytes(const unsigned char* p, Py_ssize_t n):
+    """A new bytes of ``p[:n]`` with A-Z lower-cased."""
+    cdef object out = PyBytes_FromStringAndSize_NULL(NULL, n)
+    cdef unsigned char* w = <unsigned char*>PyBytes_AS_STRING_W(out)
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(n):
+        c = p[i]
+        w[i] = c + 32 if 65 <= c <= 90 else c
+    return out
+
+
+cdef object _plain_fields(const unsigned char* b, Py_ssize_t p, Py_ssize_t n, bint lower, Py_ssize_t* after):
+    """The plain field lines from ``b[p]`` to the blank line, within ``b[:n]``, as a list of
+    ``(name, value)`` (names lower-cased when ``lower``; the value without its leading whitespace);
+    ``*after`` is set just past the blank line. None at the first byte that is not plain, or when
+    ``b[:n]`` ends before the blank line (see headscan_py's request_fields)."""
+    cdef Py_ssize_t start, vstart
+    cdef list fields = []
+    cdef object name
+    while True:
+        if p + 2 > n:
+            return None
+        if b[p] == 13:  # the blank line
+            if b[p + 1] != 10:
+                return None
+            after[0] = p + 2
+            return fields
+        start = p
+        while p < n and _NAME[b[p]]:
+            p += 1
+        if p == start or p >= n or b[p] != 58:  # ':'
+            return None
+        if p - start == 16 and strncasecmp(<const char*>b + start, b"proxy-connection", 16) == 0:
+            return None
+        if lower:
+            name = _lower_bytes(b + start, p - start)
+        else:
+            name = PyBytes_FromStringAndSize(<const char*>b + start, p - start)
+        p += 1
+        while p < n and (b[p] == 32 or b[p] == 9):
+            p += 1
+        vstart = p
+        while p < n and _VALUE[b[p]]:
+            p += 1
+        if p + 2 > n or b[p] != 13 or b[p + 1] != 10:
+            return None
+        fields.append((name, PyBytes_FromStringAndSize(<const char*>b + vstart, p - vstart)))
+        p += 2
+
+
 def request_fields(bytes data not None, Py_ssize_t pos, Py_ssize_t end):
     """The method, target and header fields of the plainly written request head ``data[pos:end]``,
     else None (see headscan_py): one walk over the head with three byte tables."""
     cdef const unsigned char* b = <const unsigned char*>PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
-    cdef Py_ssize_t p, start, stop, vstart
-    cdef list fields
-    cdef object method, target, name
+    cdef Py_ssize_t p, start, stop, after = 0
+    cdef object method, target, fields
     if pos < 0 or end > n or end - pos < 18 or b[end - 2] != 13 or b[end - 1] != 10:
         return None
     stop = end - 2
@@ -348,60 +404,21 @@ def request_fields(bytes data not None, Py_ssize_t pos, Py_ssize_t end):
     if p + 10 > stop or memcmp(b + p, b" HTTP/1.1\r\n", 11) != 0:
         return None
     target = PyBytes_FromStringAndSize(<const char*>b + start, p - start)
-    p += 11
-    fields = []
-    while p < stop:
-        start = p
-        while p < stop and _NAME[b[p]]:
-            p += 1
-        if p == start or p >= stop or b[p] != 58:  # ':'
-            return None
-        if p - start == 16 and strncasecmp(<const char*>b + start, b"proxy-connection", 16) == 0:
-            return None
-        name = PyBytes_FromStringAndSize(<const char*>b + start, p - start)
-        p += 1
-        while p < stop and (b[p] == 32 or b[p] == 9):
-            p += 1
-        vstart = p
-        while p < stop and _VALUE[b[p]]:
-            p += 1
-        if p + 2 > stop or b[p] != 13 or b[p + 1] != 10:
-            return None
-        fields.append((name, PyBytes_FromStringAndSize(<const char*>b + vstart, p - vstart)))
-        p += 2
+    fields = _plain_fields(b, p + 11, end, False, &after)
+    if fields is None or after != end:
+        return None
     return (method, target, fields)
-
-
-cdef extern from "Python.h":
-    object PyBytes_FromStringAndSize_NULL "PyBytes_FromStringAndSize" (const char*, Py_ssize_t)
-    char* PyBytes_AS_STRING_W "PyBytes_AS_STRING" (object)
-    object PyLong_FromLong(long)
-
-
-cdef inline object _lower_bytes(const unsigned char* p, Py_ssize_t n):
-    """A new bytes of ``p[:n]`` with A-Z lower-cased."""
-    cdef object out = PyBytes_FromStringAndSize_NULL(NULL, n)
-    cdef unsigned char* w = <unsigned char*>PyBytes_AS_STRING_W(out)
-    cdef Py_ssize_t i
-    cdef unsigned char c
-    for i in range(n):
-        c = p[i]
-        w[i] = c + 32 if 65 <= c <= 90 else c
-    return out
 
 
 def response_head(bytes data not None):
     """Where the plainly written response head at the start of ``data`` ends, its status and its
     fields (names lower-cased), else None (see headscan_py): one walk with the byte tables of
-    request_fields."""
+    request_fields, no search for the blank line first (the walk stops there)."""
     cdef const unsigned char* b = <const unsigned char*>PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
-    cdef Py_ssize_t p, start, vstart
+    cdef Py_ssize_t p, after = 0
     cdef int status
-    cdef list fields
-    cdef object name
-    # (no search for the blank line first: the walk stops at it, and anything before it that is
-    # not plain, a bare LF included, is None; a head not yet whole runs off the end: None too)
+    cdef object fields
     if n < 17 or memcmp(b, b"HTTP/1.1 ", 9) != 0:
         return None
     if not (50 <= b[9] <= 53 and 48 <= b[10] <= 57 and 48 <= b[11] <= 57 and b[12] == 32):
@@ -412,30 +429,7 @@ def response_head(bytes data not None):
         p += 1
     if p + 2 > n or b[p] != 13 or b[p + 1] != 10:
         return None
-    p += 2
-    fields = []
-    while True:
-        if p + 2 > n:
-            return None
-        if b[p] == 13:
-            if b[p + 1] != 10:
-                return None
-            return (p + 2, PyLong_FromLong(status), fields)
-        start = p
-        while p < n and _NAME[b[p]]:
-            p += 1
-        if p == start or p >= n or b[p] != 58:  # ':'
-            return None
-        if p - start == 16 and strncasecmp(<const char*>b + start, b"proxy-connection", 16) == 0:
-            return None
-        name = _lower_bytes(b + start, p - start)
-        p += 1
-        while p < n and (b[p] == 32 or b[p] == 9):
-            p += 1
-        vstart = p
-        while p < n and _VALUE[b[p]]:
-            p += 1
-        if p + 2 > n or b[p] != 13 or b[p + 1] != 10:
-            return None
-        fields.append((name, PyBytes_FromStringAndSize(<const char*>b + vstart, p - vstart)))
-        p += 2
+    fields = _plain_fields(b, p + 2, n, True, &after)
+    if fields is None:
+        return None
+    return (after, PyLong_FromLong(status), fields)

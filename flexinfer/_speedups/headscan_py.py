@@ -130,9 +130,14 @@ def request_fields(data: bytes, pos: int, end: int) -> tuple[bytes, bytes, list[
     method = PLAIN_METHODS.get(m.group(1))
     if method is None:
         return None
-    target = m.group(2)
+    fields = _plain_fields(data, m.end(), stop, False)
+    return None if fields is None else (method, m.group(2), fields)
+
+
+def _plain_fields(data: bytes, p: int, stop: int, lower: bool) -> list[tuple[bytes, bytes]] | None:
+    """The plain field lines of ``data[p:stop]`` (``stop`` where the blank line begins) as
+    ``(name, value)``, names lower-cased when ``lower``; None at the first one that is not plain."""
     fields: list[tuple[bytes, bytes]] = []
-    p = m.end()
     while p < stop:
         f = _PLAIN_FIELD.match(data, p, stop)
         if f is None:
@@ -140,11 +145,9 @@ def request_fields(data: bytes, pos: int, end: int) -> tuple[bytes, bytes, list[
         name = f.group(1)
         if len(name) == 16 and name.lower() == b"proxy-connection":
             return None
-        fields.append((name, f.group(2)))
+        fields.append((name.lower() if lower else name, f.group(2)))
         p = f.end()
-    if p != stop:
-        return None
-    return method, target, fields
+    return fields if p == stop else None
 
 
 #: ``HTTP/1.1 SP status SP reason CRLF``: a final status 200-599, a reason of visible ASCII, SP, HTAB
@@ -171,17 +174,5 @@ def response_head(data: bytes) -> tuple[int, int, list[tuple[bytes, bytes]]] | N
     m = _PLAIN_STATUS.match(data, 0, stop)
     if m is None:
         return None
-    fields: list[tuple[bytes, bytes]] = []
-    p = m.end()
-    while p < stop:
-        f = _PLAIN_FIELD.match(data, p, stop)
-        if f is None:
-            return None
-        name = f.group(1).lower()
-        if name == b"proxy-connection":
-            return None
-        fields.append((name, f.group(2)))
-        p = f.end()
-    if p != stop:
-        return None
-    return i + 4, int(m.group(1)), fields
+    fields = _plain_fields(data, m.end(), stop, True)
+    return None if fields is None else (i + 4, int(m.group(1)), fields)

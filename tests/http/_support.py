@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httptools
 
@@ -306,3 +307,23 @@ __all__ = [
     "HOST", "BackendConn", "ClientGone", "Exchange", "RawBackend", "RecordingHandler", "Resp",
     "exchange", "fast_settings", "free_port", "parse_responses", "read_request", "serve", "until",
 ]
+
+
+def counting_parser(real: type) -> type:
+    """A stand-in for the httptools parser class ``real`` (monkeypatched over it) that counts the
+    bytes fed to any of its instances in its class attribute ``fed``: which path read what."""
+
+    class Counting:
+        fed = 0
+
+        def __init__(self, proto: Any) -> None:
+            self._p = real(proto)
+
+        def feed_data(self, data: Any) -> None:
+            Counting.fed += len(data)
+            self._p.feed_data(data)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._p, name)
+
+    return Counting

@@ -21,32 +21,16 @@ import orjson
 import pytest
 
 from flexinfer.http.protocol import Request, ResponseWriter
-from tests.http._support import RecordingHandler, exchange, parse_responses, serve
+from tests.http._support import RecordingHandler, counting_parser, exchange, parse_responses, serve
 
 H = b"Host: a\r\n"
 
 
-class _CountingParser:
-    """httptools' request parser, counting the bytes fed to it (every instance adds to ``fed``)."""
-
-    fed = 0
-
-    def __init__(self, proto: Any) -> None:
-        self._p = _REAL(proto)
-
-    def feed_data(self, data: Any) -> None:
-        _CountingParser.fed += len(data)
-        self._p.feed_data(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._p, name)
-
-
-_REAL = httptools.HttpRequestParser
+_CountingParser = counting_parser(httptools.HttpRequestParser)
 
 
 @pytest.fixture
-def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_CountingParser]]:
+def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(httptools, "HttpRequestParser", _CountingParser)
     _CountingParser.fed = 0
     yield _CountingParser
@@ -96,7 +80,7 @@ PLAIN = [
 
 
 @pytest.mark.parametrize("data", PLAIN)
-async def test_plain_requests_are_read_as_the_parser_reads_them(counting: type[_CountingParser],
+async def test_plain_requests_are_read_as_the_parser_reads_them(counting: Any,
                                                                 data: bytes) -> None:
     whole = await _run(data, split=False)
     cut = await _run(data, split=True)
@@ -106,7 +90,7 @@ async def test_plain_requests_are_read_as_the_parser_reads_them(counting: type[_
     assert cut[4] > 0  # the parser read the first request there (what follows it may be taken plainly)
 
 
-async def test_the_plain_path_feeds_the_parser_nothing(counting: type[_CountingParser]) -> None:
+async def test_the_plain_path_feeds_the_parser_nothing(counting: Any) -> None:
     # plain requests only (no HEAD: parse_responses would read the next response as its body)
     data = b"".join(p.values[0] for p in PLAIN[:3]) + b"GET /k HTTP/1.1\r\n" + H + b"Connection: keep-alive\r\n\r\n"
     answer, handled, _, rejections, fed, eof = await _run(data, split=False)
@@ -120,7 +104,7 @@ async def test_the_plain_path_feeds_the_parser_nothing(counting: type[_CountingP
     assert [r.status for r in parse_responses(answer)] == [200] * 5
 
 
-async def test_a_body_that_has_not_all_arrived_goes_to_the_parser(counting: type[_CountingParser]) -> None:
+async def test_a_body_that_has_not_all_arrived_goes_to_the_parser(counting: Any) -> None:
     data = b"POST /echo HTTP/1.1\r\n" + H + b"Content-Length: 10\r\n\r\n0123456789"
     handler = RecordingHandler()
     async with serve(handler) as server:
@@ -158,7 +142,7 @@ NOT_TAKEN = [
 
 
 @pytest.mark.parametrize("data", NOT_TAKEN)
-async def test_what_is_not_taken_is_answered_as_the_parser_path_answers(counting: type[_CountingParser],
+async def test_what_is_not_taken_is_answered_as_the_parser_path_answers(counting: Any,
                                                                         data: bytes) -> None:
     whole = await _run(data, split=False)
     cut = await _run(data, split=True)
@@ -172,7 +156,7 @@ async def test_what_is_not_taken_is_answered_as_the_parser_path_answers(counting
         assert whole[4] == 0 and whole[1] == [] and whole[2] == ["/auth"]  # refused on the plain path
 
 
-async def test_a_failing_on_headers_on_the_plain_path_is_500_and_logged(counting: type[_CountingParser],
+async def test_a_failing_on_headers_on_the_plain_path_is_500_and_logged(counting: Any,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
     class Failing(RecordingHandler):
         def on_headers(self, req: Request) -> None:  # type: ignore[override]
@@ -200,7 +184,7 @@ async def test_a_failing_on_headers_on_the_plain_path_is_500_and_logged(counting
     assert len(logged) == 1 and logged[0].exc_info is not None and isinstance(logged[0].exc_info[1], KeyError)
 
 
-async def test_plain_requests_behind_a_busy_one_are_queued_and_bounded(counting: type[_CountingParser]) -> None:
+async def test_plain_requests_behind_a_busy_one_are_queued_and_bounded(counting: Any) -> None:
     """Queued plain requests count against the pipeline bound as parsed ones do: past it the parser
     path refuses the connection (pipeline_overflow), in both forms."""
     one = b"GET /q HTTP/1.1\r\n" + H + b"\r\n"

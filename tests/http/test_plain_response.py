@@ -15,31 +15,14 @@ import httptools
 import pytest
 
 from flexinfer.http.client import UpstreamError, UpstreamPool
-from tests.http._support import FAST_UPSTREAM, HOST, BackendConn, RawBackend, read_request
+from tests.http._support import FAST_UPSTREAM, HOST, BackendConn, RawBackend, counting_parser, read_request
 from tests.http.test_chunked_upstream import backend_writes
 
-
-class _Counting:
-    """httptools' response parser, counting the bytes fed to any instance (``fed``)."""
-
-    fed = 0
-
-    def __init__(self, proto: Any) -> None:
-        self._p = _REAL(proto)
-
-    def feed_data(self, data: Any) -> None:
-        _Counting.fed += len(data)
-        self._p.feed_data(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._p, name)
-
-
-_REAL = httptools.HttpResponseParser
+_Counting = counting_parser(httptools.HttpResponseParser)
 
 
 @pytest.fixture(autouse=True)
-def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Counting]]:
+def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(httptools, "HttpResponseParser", _Counting)
     _Counting.fed = 0
     yield _Counting
@@ -72,44 +55,44 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(("writes", "plain"), _both(SHAPES))
-async def test_a_content_length_body_reads_the_same_and_the_connection_is_reused(writes: list[bytes],
-                                                                                 plain: bool) -> None:
+ENDS = [
+    ("close", lambda h: [h.replace(b"Server: t", b"Connection: close\r\nServer: t") + BODY]),
+    ("bytes-after", lambda h: [h + BODY + b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison"]),
+    ("bytes-after-later", lambda h: [h + BODY[:4], BODY[4:] + b"X"]),
+]
+
+
+@pytest.mark.parametrize(("writes", "plain", "reused"),
+                         [pytest.param(*p.values, True, id=p.id) for p in _both(SHAPES)]
+                         + [pytest.param(*p.values, False, id=p.id) for p in _both(ENDS)])
+async def test_a_content_length_body_reads_the_same(writes: list[bytes], plain: bool, reused: bool) -> None:
+    """The body, read three times: on one connection, or (Connection: close, bytes after the
+    body) on a new connection each time, never reused."""
     async with RawBackend(backend_writes(writes)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         for _ in range(3):
             body, owned = await read_body(pool)
             assert body == BODY and owned == plain
-        assert len(backend.conns) == 1 and pool.idle == 1
+        assert (len(backend.conns), pool.idle) == ((1, 1) if reused else (3, 0))
         await pool.close()
 
 
-@pytest.mark.parametrize(("writes", "plain"), _both([
-    ("close", lambda h: [h.replace(b"Server: t", b"Connection: close\r\nServer: t") + BODY]),
-    ("bytes-after", lambda h: [h + BODY + b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison"]),
-    ("bytes-after-later", lambda h: [h + BODY[:4], BODY[4:] + b"X"]),
-]))
-async def test_a_response_that_ends_its_connection_reads_the_same(writes: list[bytes], plain: bool) -> None:
-    """Connection: close, or bytes after the body: the body is read, the connection never reused."""
-    async with RawBackend(backend_writes(writes)) as backend:
-        pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
-        for _ in range(2):
-            body, owned = await read_body(pool)
-            assert body == BODY and owned == plain
-        assert len(backend.conns) == 2 and pool.idle == 0
-        await pool.close()
+def _answers(payload: bytes, close: bool):  # type: ignore[no-untyped-def]
+    """A backend that answers one request with ``payload`` in one write, then closes (``close``)
+    or holds the connection open for a second."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
+        await read_request(reader)
+        writer.write(payload)
+        await writer.drain()
+        await asyncio.sleep(0.05 if close else 1.0)
+        if close:
+            writer.close()
+    return script
 
 
 @pytest.mark.parametrize("head", [HEAD, NOT_PLAIN], ids=["plain", "parser"])
 async def test_the_upstream_closing_inside_the_body_is_an_error(head: bytes) -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
-        await read_request(reader)
-        writer.write(head + BODY[:7])
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.close()
-
-    async with RawBackend(script) as backend:
+    async with RawBackend(_answers(head + BODY[:7], close=True)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         resp = await pool.request("GET", "/", [], b"")
         assert await resp.read() == BODY[:7]
@@ -135,16 +118,8 @@ async def test_the_upstream_closing_inside_the_body_is_an_error(head: bytes) -> 
         "upgrade"])
 async def test_heads_left_to_the_parser(head: bytes, body: bytes | None) -> None:
     """Heads the plain path leaves to httptools: read (or refused) as before, nothing owned."""
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
-        await read_request(reader)
-        writer.write(head + (body if body else b"ok"))
-        await writer.drain()
-        if b"Content-Length" not in head:
-            writer.close()
-        else:
-            await asyncio.sleep(1.0)
-
-    async with RawBackend(script) as backend:
+    close = b"Content-Length" not in head  # (a close-delimited body ends at EOF)
+    async with RawBackend(_answers(head + (body if body else b"ok"), close)) as backend:
         pool = UpstreamPool(HOST, backend.port, FAST_UPSTREAM)
         if body is None:
             with pytest.raises(UpstreamError) as ei:
@@ -164,14 +139,8 @@ async def test_heads_left_to_the_parser(head: bytes, body: bytes | None) -> None
 async def test_a_head_over_the_limit_is_refused_either_way(head: bytes) -> None:
     big = head.replace(b"Server: t", b"X-Big: " + b"v" * 300 + b"\r\nServer: t")
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: BackendConn) -> None:
-        await read_request(reader)
-        writer.write(big + BODY)
-        await writer.drain()
-        await asyncio.sleep(1.0)
-
     settings = dataclasses.replace(FAST_UPSTREAM, max_response_header_bytes=256)
-    async with RawBackend(script) as backend:
+    async with RawBackend(_answers(big + BODY, close=False)) as backend:
         pool = UpstreamPool(HOST, backend.port, settings)
         with pytest.raises(UpstreamError) as ei:
             await pool.request("GET", "/", [], b"")
