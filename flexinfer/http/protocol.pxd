@@ -18,6 +18,7 @@ cdef class HttpProtocol(Closing):
     cdef public object _continue, _feed_len, _handler, _head_limit, _headers, _length, _max_hdr_bytes
     cdef public object _max_headers, _max_url, _parser, _peer, _pending, _phase, _queue, _raw, _server
     cdef public object _tail, _url, _url_len, _version, _write_wait
+    cdef public bint _plain_body
     cdef public _request_t.Request _req
     cpdef _reset_message(self)
     cpdef _next(self)
@@ -30,4 +31,6 @@ cdef class HttpProtocol(Closing):
     cpdef _new_request(self, method, url, version, headers, ctype, keep_alive)
     @cython.locals(stop=Py_ssize_t, length=Py_ssize_t, raw=list, conn=bytes, fields=tuple)
     cpdef Py_ssize_t _take_plain(self, data, Py_ssize_t pos, Py_ssize_t end) except? -2
+    cpdef _plain_piece(self, piece)
+    cpdef bint _message_done(self, req) except -1
     cpdef _arm_body(self, length, limit, expect)

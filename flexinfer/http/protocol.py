@@ -142,6 +142,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         "_peer",
         "_pending",
         "_phase",
+        "_plain_body",
         "_queue",
         "_raw",
         "_req",
@@ -176,6 +177,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self.flow: FlowControl = None  # type: ignore[assignment]
         self._peer = ""
         self._phase = _IDLE
+        self._plain_body = False  # the body being read is a plain request's: ours, not the parser's
         self._raw = 0
         self._feed_len = 0
         self._tail = b""  # the last bytes of a head that continues in the next read
@@ -312,6 +314,12 @@ class HttpProtocol(Closing, asyncio.Protocol):
             elif phase == _BODY:
                 if self._req is not None:
                     end = min(n, pos + self._length - self._body_len)
+                if self._plain_body:  # a plain request's body: its bytes are ours, not the parser's
+                    self._plain_piece(data if pos == 0 and end == n else data[pos:end])
+                    if end >= n or self._closing or self._lost:
+                        return
+                    pos = end
+                    continue
             else:
                 room = self._chunk_room()
                 end = min(n, pos + (room if room > self._chunk_slice_min else self._chunk_slice_min))
@@ -345,11 +353,11 @@ class HttpProtocol(Closing, asyncio.Protocol):
         try:
             verb = request_line("1.1", method, url)
             headers, ctype, length, expect, conn = read_headers(raw, "1.1", self._max_hdr_bytes)
-            self._admit(ctype, length)
+            limit = self._admit(ctype, length)
         except Rejected:
             return -1
         stop = end + length
-        if length < 0 or expect or stop > len(data):
+        if length < 0 or expect:
             return -1
         keep_alive = True
         if conn is not None:
@@ -368,18 +376,52 @@ class HttpProtocol(Closing, asyncio.Protocol):
             return stop
         if err is not None:
             self._reject(None, err)
-            return stop
+            return min(stop, len(data))
+        if stop > len(data):  # the rest of the body comes in later reads (a client that writes
+            # the head and the body apart, as httpx does): read it as it comes (_plain_piece)
+            self._req = req
+            self._arm_body(length, limit, False)
+            self._plain_body = True
+            if end < len(data):
+                self._plain_piece(data[end:])
+            return len(data)
         if length:
             req.body = data[end:stop]
+        self._message_done(req)
+        return stop
+
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
+    def _plain_piece(self, piece: bytes) -> None:
+        """Body bytes of the plain request being read (``_take_plain``; never past its length):
+        kept, and the request handed on once the last one is in."""
+        self._body_parts.append(piece)
+        self._body_len += len(piece)
+        if self._body_len >= self._length:
+            self._plain_body = False
+            req = self._req
+            self._req = None
+            if req is not None:
+                parts = self._body_parts
+                req.body = parts[0] if len(parts) == 1 else b"".join(parts)
+                parts.clear()
+                self._message_done(req)
+
+    @cython.annotation_typing(False)  # the cpdef of protocol.pxd
+    def _message_done(self, req: Request) -> bool:
+        """THE end of a request's message, parsed or plain: the connection back to idle, the request
+        started or queued; False when it ends the connection (no keep-alive)."""
+        self._req = None
         self._phase = _IDLE
-        self._continue = False
+        self._feed_len = 0
+        self._continue = False  # (a body that arrived behind another request's response)
         if self._active is None:
             self._start(req)
         else:
             self._queue.append(req)
-        if not keep_alive:
+        if not req.keep_alive:
             self._closing = True
-        return stop
+            return False
+        return True
 
     def _split_head_end(self, data: bytes) -> int:
         """Where a head whose blank line began in the previous read ends in ``data`` (-1: it did not)."""
@@ -563,22 +605,17 @@ class HttpProtocol(Closing, asyncio.Protocol):
             # are cut to the room left (_feed): only a request that already spent nearly all of it
             # can be refused by them
             raise self._cb_failed(Rejected("chunk_extension_too_large"))
-        self._req = None
-        self._phase = _IDLE
-        self._feed_len = 0
-        self._continue = False  # (a body that arrived behind another request's response)
         if req is None:  # pragma: no cover - defensive
+            self._req = None
+            self._phase = _IDLE
+            self._feed_len = 0
+            self._continue = False
             return
         parts = self._body_parts
         if parts:
             req.body = parts[0] if len(parts) == 1 else b"".join(parts)
             parts.clear()
-        if self._active is None:
-            self._start(req)
-        else:
-            self._queue.append(req)
-        if not req.keep_alive:
-            self._closing = True
+        if not self._message_done(req):
             raise self._cb_failed(_Stop())
 
     # ---- handling ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ in the first read, so the parser reads all of it). A counting wrapper around htt
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 from collections.abc import Iterator
@@ -104,13 +105,55 @@ async def test_the_plain_path_feeds_the_parser_nothing(counting: Any) -> None:
     assert [r.status for r in parse_responses(answer)] == [200] * 5
 
 
-async def test_a_body_that_has_not_all_arrived_goes_to_the_parser(counting: Any) -> None:
-    data = b"POST /echo HTTP/1.1\r\n" + H + b"Content-Length: 10\r\n\r\n0123456789"
+@pytest.mark.parametrize("cuts", [[0], [1], [0, 3, 7], [9]], ids=["head-alone", "one-byte", "pieces", "last-byte"])
+async def test_a_body_that_comes_after_its_plain_head_is_read_without_the_parser(counting: Any,
+                                                                                 cuts: list[int]) -> None:
+    """The head whole in a read, the body in later ones (the openai client's httpx writes the head
+    and the body apart): the body is read as it comes, and a request behind it in the last read is
+    served too; the parser reads nothing."""
+    head = b"POST /echo HTTP/1.1\r\n" + H + b"Content-Length: 10\r\n\r\n"
+    body = b"0123456789"
+    after = b"GET /next HTTP/1.1\r\n" + H + b"\r\n"
+    pieces = [head + body[:cuts[0]]]
+    bounds = [*cuts, len(body)]
+    pieces += [body[i:j] for i, j in itertools.pairwise(bounds) if j > i]
+    pieces[-1] += after
     handler = RecordingHandler()
     async with serve(handler) as server:
-        ex = await exchange(server.port, [data[:-4], data[-4:]], pace=0.05, timeout=0.4)
-    assert [r.body for r in parse_responses(ex.data)] == [b"0123456789"]
-    assert counting.fed == len(data)
+        ex = await exchange(server.port, pieces, pace=0.05, timeout=0.4)
+    assert [r.body for r in parse_responses(ex.data)] == [body, b"ok /next"]
+    assert [r.body for r in handler.handled] == [body, b""]
+    assert counting.fed == 0
+
+
+@pytest.mark.parametrize("cut", [0, 30], ids=["plain", "parser"])
+async def test_a_body_that_stops_coming_times_out_alike(counting: Any, cut: int) -> None:
+    """A plain head whose body stops short: 408 body_timeout as on the parser path (``cut``: the
+    head split inside, so the parser reads it), the handler never called."""
+    data = b"POST /echo HTTP/1.1\r\n" + H + b"Content-Length: 10\r\n\r\n0123"
+    pieces = [data[:cut], data[cut:]] if cut else [data]
+    handler = RecordingHandler()
+    async with serve(handler) as server:
+        ex = await exchange(server.port, pieces, pace=0.05, timeout=3.0)
+        rejections = dict(server.stats.rejections)
+    assert [r.status for r in parse_responses(ex.data)] == [408]
+    assert ex.eof and handler.handled == [] and rejections == {"body_timeout": 1}
+    assert (counting.fed == 0) == (cut == 0)
+
+
+async def test_a_client_gone_inside_a_plain_body_is_forgotten(counting: Any) -> None:
+    handler = RecordingHandler()
+    async with serve(handler) as server:
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /echo HTTP/1.1\r\n" + H + b"Content-Length: 10\r\n\r\n01234")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+        await asyncio.sleep(0.1)
+        assert handler.handled == [] and server.connections == 0
+        ok = await exchange(server.port, b"GET /after HTTP/1.1\r\n" + H + b"\r\n", timeout=0.3)
+    assert [r.body for r in parse_responses(ok.data)] == [b"ok /after"]
+    assert counting.fed == 0
 
 
 NOT_TAKEN = [
