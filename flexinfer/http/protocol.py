@@ -8,10 +8,11 @@ connection ends: closing.py's ``Closing``, the base of :class:`HttpProtocol`. :c
 :class:`ResponseWriter` live in request.py and are re-exported here, as the contract names them;
 the writer uses only ``request.Connection``, the public surface the protocol gives it.
 
-How it works: a request that came whole in one read and is plainly written (HTTP/1.1, a known
-method, plain field lines: headscan's ``request_fields``) and passes every limit and head rule is
-taken without the parser (``_take_plain``); everything else goes to httptools from its first
-byte, so the parser decides every error. Parser callbacks only record (and raise ``Rejected`` to
+How it works: a request whose head came whole in one read and is plainly written (HTTP/1.1, a
+known method, plain field lines: headscan's ``request_fields``) and passes every limit and head
+rule is taken without the parser (``_take_plain``; its Content-Length body read as it comes,
+``_plain_piece``); everything else goes to httptools from its first byte, so the parser decides
+every error. Parser callbacks only record (and raise ``Rejected`` to
 stop the parser at once when a rule is broken). Limits are checked as bytes arrive: URL bytes in ``on_url``, the header count in
 ``on_header``, and the raw bytes fed while the header block is still open, so a 1 MiB header value
 is refused after about one read; names and values are checked in one local loop at headers-complete
@@ -337,9 +338,9 @@ class HttpProtocol(Closing, asyncio.Protocol):
     def _take_plain(self, data: bytes, pos: int, end: int) -> int:
         """Take the request at ``data[pos:]``, whose head ends at ``end``, without the parser when
         it is plainly written (headscan's ``request_fields``: HTTP/1.1, a known method, an
-        origin-form target, plain field lines), passes every limit and head rule, is framed by a
-        Content-Length (or nothing) and came whole in ``data``, body included; its Connection header,
-        if any, is ``close`` or ``keep-alive``. Answers where it ends; -1, having changed nothing,
+        origin-form target, plain field lines), passes every limit and head rule and is framed by a
+        Content-Length (or nothing; what of the body is not in ``data`` is read as it comes); its
+        Connection header, if any, is ``close`` or ``keep-alive``. Answers where it ends; -1, having changed nothing,
         for any other request, which the parser then reads from the same bytes (and refuses where
         a limit or rule is broken: the errors stay the parser path's). What a taken request goes
         through after its head is the parser path's, in the same order: the handler's on_headers
