@@ -8,6 +8,7 @@
 # Python); those with int, float or list[...] annotations say @cython.annotation_typing(False) in the
 # .py, so that the untyped declarations here match (flexinfer/_nocython.py).
 cimport cython
+from flexinfer.http.head cimport plain_connection
 cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
 from flexinfer.http.upstream cimport serialize_request  # (so the .py does not re-export it)
 
@@ -30,8 +31,8 @@ cdef class _Conn(_Compiled):
     cdef public object timer, timer_at, transport, waiter
     cpdef exchange(self, head, body, timeout, head_only, on_head=*)
     cpdef _arm(self, due)
-    @cython.locals(size=Py_ssize_t, end=Py_ssize_t, close=bint, seen_conn=bint, name=bytes, value=bytes, token=bytes,
-                   got=tuple, headers=list)
+    @cython.locals(size=Py_ssize_t, end=Py_ssize_t, keep_alive=int, conn=bytes, name=bytes, value=bytes, got=tuple,
+                   headers=list)
     cpdef Py_ssize_t _take_head(self, data) except? -2
     cpdef _head_in(self, status, cl, chunked, keep_alive, own_body)
     cpdef _cancel_timer(self)

@@ -39,6 +39,7 @@ except ImportError:  # no Cython here: its decorators do nothing in pure Python
     from flexinfer import _nocython as cython  # type: ignore[no-redef]
 
 from flexinfer._speedups import ChunkedBody, FramingError, LengthBody, head_end, response_head
+from flexinfer.http.head import plain_connection
 from flexinfer.http.upstream import (
     HOP_BY_HOP,
     UpstreamConnectError,
@@ -327,21 +328,19 @@ class _Conn(_Compiled, asyncio.Protocol):
             return -1
         end, status, headers = got
         size = 0
-        close = False
-        seen_conn = False
-        name: bytes  # (typed: the build compares and strips without lookups by name)
+        conn: bytes | None = None
+        name: bytes  # (typed: the build compares without lookups by name)
         value: bytes
         for name, value in headers:
             size += len(name) + len(value) + 4
             if name == b"connection":
-                token = value.strip(b" \t").lower()
-                if seen_conn or (token != b"close" and token != b"keep-alive"):
-                    return -1  # (llhttp's own reading of the Connection tokens decides)
-                seen_conn = True
-                close = token == b"close"
+                if conn is not None:
+                    return -1  # two Connection fields: llhttp's reading of the tokens decides
+                conn = value
             elif name == b"upgrade":
                 return -1
-        if size > self.pool._settings.max_response_header_bytes or status == 204 or status == 304:
+        keep_alive = plain_connection(conn)
+        if keep_alive < 0 or size > self.pool._settings.max_response_header_bytes or status == 204 or status == 304:
             return -1
         try:
             cl, chunked = _framing(headers)
@@ -351,7 +350,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             return -1
         self.headers = headers
         self.hdr_bytes = size
-        self._head_in(status, cl, chunked, not close, True)
+        self._head_in(status, cl, chunked, keep_alive == 1, True)
         return end
 
     def _parse_failed(self, exc: Exception) -> bool:

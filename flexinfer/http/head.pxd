@@ -8,3 +8,4 @@ cpdef str request_line(str version, bytes method, bytes target)
 @cython.locals(names=dict, special=dict, name=bytes, value=bytes, lname=bytes, ctype=bytes, cl=bytes, te=bytes,
                conn=bytes, headers=list)
 cpdef tuple read_headers(list raw, str version, max_bytes)
+cpdef int plain_connection(value) except? -2

@@ -5,7 +5,9 @@ fields (names lower-cased through a bounded cache, ``_`` in a name, non-ASCII va
 whitespace, the byte limit of the block) with the rules on the headers the core interprets (one
 Host for 1.1 and never two, Content-Length and Transfer-Encoding framing, Upgrade refused,
 ``Expect: 100-continue``, the media type of Content-Type, the 1.0 ``Connection`` keep-alive
-option), and :class:`Rejected`, the exception that carries a core rejection reason.
+option), :func:`plain_connection` (the one reading of a Connection value that the parser-free
+paths of both sides, protocol.py's requests and client.py's responses, accept without llhttp), and
+:class:`Rejected`, the exception that carries a core rejection reason.
 
 The header loop is one local loop: per header, one dict lookup in the name cache, one ASCII check
 and the compares of the kinds the core interprets; nothing is allocated but the ``(name, value)``
@@ -25,7 +27,8 @@ except ImportError:  # no Cython here: its decorators do nothing in pure Python
 
 from flexinfer.errors import FlexInferError
 
-__all__ = ["Head", "Rejected", "body_length", "keeps_alive_10", "read_headers", "request_line"]
+__all__ = ["Head", "Rejected", "body_length", "keeps_alive_10", "plain_connection", "read_headers",
+           "request_line"]
 
 
 class Rejected(Exception):
@@ -150,6 +153,22 @@ def body_length(version: str, cl: bytes | None, te: bytes | None) -> int:
     if cl is None or not cl.isdigit() or len(cl) > 18:
         raise Rejected("bad_framing")
     return int(cl)
+
+
+@cython.annotation_typing(False)  # the cpdef of head.pxd
+def plain_connection(value: bytes | None) -> int:
+    """Whether a head read without the parser keeps its connection, from its Connection value
+    (None: no such header): 1 for none or ``keep-alive``, 0 for ``close``, -1 for anything else
+    (several tokens or headers, another option), which the caller leaves to the parser: llhttp's
+    own reading of the Connection tokens decides there (see :func:`keeps_alive_10`)."""
+    if value is None:
+        return 1
+    token = value.strip(b" \t").lower()
+    if token == b"keep-alive":
+        return 1
+    if token == b"close":
+        return 0
+    return -1
 
 
 def keeps_alive_10(conn: bytes | None) -> bool:

@@ -10,7 +10,7 @@
 # declarations here match.
 cimport cython
 from flexinfer.http.closing cimport Closing
-from flexinfer.http.head cimport read_headers, request_line
+from flexinfer.http.head cimport plain_connection, read_headers, request_line
 cimport flexinfer.http.request as _request_t  # typed slots only: the .py re-exports Request, ResponseWriter
 
 cdef class HttpProtocol(Closing):
@@ -29,7 +29,7 @@ cdef class HttpProtocol(Closing):
     cpdef _admit(self, ctype, length)
     @cython.locals(path=bytes, query=bytes)
     cpdef _new_request(self, method, url, version, headers, ctype, keep_alive)
-    @cython.locals(stop=Py_ssize_t, length=Py_ssize_t, raw=list, conn=bytes, fields=tuple)
+    @cython.locals(stop=Py_ssize_t, length=Py_ssize_t, keep_alive=int, raw=list, conn=bytes, fields=tuple)
     cpdef Py_ssize_t _take_plain(self, data, Py_ssize_t pos, Py_ssize_t end) except? -2
     cpdef _plain_piece(self, piece)
     cpdef bint _message_done(self, req) except -1

@@ -48,7 +48,7 @@ from flexinfer._speedups import request_fields, request_head
 from flexinfer.errors import FlexInferError, InternalError
 from flexinfer.http.closing import DL_BODY, DL_FRESH, DL_HEADER, DL_KEEPALIVE, DL_WRITE, LINGER_BYTES, Closing
 from flexinfer.http.flow import ClientGone, FlowControl
-from flexinfer.http.head import Rejected, keeps_alive_10, read_headers, request_line
+from flexinfer.http.head import Rejected, keeps_alive_10, plain_connection, read_headers, request_line
 from flexinfer.http.request import Request, ResponseWriter
 from flexinfer.http.responses import CONTINUE_100
 from flexinfer.http.task import RequestTask
@@ -360,14 +360,10 @@ class HttpProtocol(Closing, asyncio.Protocol):
         stop = end + length
         if length < 0 or expect:
             return -1
-        keep_alive = True
-        if conn is not None:
-            conn = conn.lower()
-            if conn == b"close":
-                keep_alive = False
-            elif conn != b"keep-alive":
-                return -1  # (llhttp's own reading of the Connection tokens decides)
-        req = self._new_request(verb, url, "1.1", headers, ctype, keep_alive)
+        keep_alive = plain_connection(conn)
+        if keep_alive < 0:
+            return -1
+        req = self._new_request(verb, url, "1.1", headers, ctype, keep_alive == 1)
         self._phase = _HEAD  # where a refusal leaves the connection on the parser path too
         try:
             err = self._handler.on_headers(req)
@@ -408,13 +404,16 @@ class HttpProtocol(Closing, asyncio.Protocol):
                 self._message_done(req)
 
     @cython.annotation_typing(False)  # the cpdef of protocol.pxd
-    def _message_done(self, req: Request) -> bool:
+    def _message_done(self, req: Request | None) -> bool:
         """THE end of a request's message, parsed or plain: the connection back to idle, the request
-        started or queued; False when it ends the connection (no keep-alive)."""
+        started or queued; False when it ends the connection (no keep-alive). (None: a message
+        end with no request recorded, which no parser path makes; only the reset is done.)"""
         self._req = None
         self._phase = _IDLE
         self._feed_len = 0
         self._continue = False  # (a body that arrived behind another request's response)
+        if req is None:  # pragma: no cover - defensive
+            return True
         if self._active is None:
             self._start(req)
         else:
@@ -606,14 +605,8 @@ class HttpProtocol(Closing, asyncio.Protocol):
             # are cut to the room left (_feed): only a request that already spent nearly all of it
             # can be refused by them
             raise self._cb_failed(Rejected("chunk_extension_too_large"))
-        if req is None:  # pragma: no cover - defensive
-            self._req = None
-            self._phase = _IDLE
-            self._feed_len = 0
-            self._continue = False
-            return
         parts = self._body_parts
-        if parts:
+        if parts and req is not None:
             req.body = parts[0] if len(parts) == 1 else b"".join(parts)
             parts.clear()
         if not self._message_done(req):

@@ -21,6 +21,7 @@ import httptools
 import orjson
 import pytest
 
+from flexinfer.http.head import plain_connection
 from flexinfer.http.protocol import Request, ResponseWriter
 from tests.http._support import RecordingHandler, counting_parser, exchange, parse_responses, serve
 
@@ -168,6 +169,8 @@ NOT_TAKEN = [
     pytest.param(b"GET / HTTP/1.1\r\n" + H + b"Upgrade: websocket\r\nConnection: upgrade\r\n\r\n", id="upgrade"),
     pytest.param(b"GET / HTTP/1.1\r\n" + H + b"Connection: close, x\r\n\r\n", id="connection-tokens"),
     pytest.param(b"GET / HTTP/1.1\r\n" + H + b"Connection: closex\r\n\r\n", id="connection-other"),
+    pytest.param(b"GET / HTTP/1.1\r\n" + H + b"Connection: keep-alive\r\nConnection: close\r\n\r\n",
+                 id="connection-twice"),
     pytest.param(b"GET / HTTP/1.1\r\n" + H + b"Proxy-Connection: close\r\n\r\n", id="proxy-connection"),
     pytest.param(b"GET / HTTP/1.1\r\n" + H + b"X_Y: 1\r\n\r\n", id="underscore-name"),
     pytest.param(b"GET / HTTP/1.1\r\n" + H + b"X: \xc3\xa9\r\n\r\n", id="non-ascii-value"),
@@ -193,8 +196,8 @@ async def test_what_is_not_taken_is_answered_as_the_parser_path_answers(counting
     assert answer, whole
     assert whole[:4] == cut[:4]
     assert whole[5] == cut[5]
-    if answer[-1].status >= 400 and answer[-1].status != 401:
-        assert whole[4] > 0  # the parser read what refused it
+    if answer[-1].status != 401:
+        assert whole[4] > 0  # the parser read it (and refused it where a rule is broken)
     if answer[-1].status == 401:
         assert whole[4] == 0 and whole[1] == [] and whole[2] == ["/auth"]  # refused on the plain path
 
@@ -251,3 +254,24 @@ async def test_requests_answered_alike_when_queued_behind_a_slow_one() -> None:
     assert [r.body for r in parse_responses(ex.data)] == [b"/sleep/0.1", b"hi", b"ok /last"]
     assert ex.eof and [r.path for r in handler.handled] == ["/sleep/0.1", "/echo", "/last"]
     await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    (None, 1), (b"keep-alive", 1), (b"Keep-Alive", 1), (b" close\t", 0), (b"CLOSE", 0),
+    (b"close, x", -1), (b"close,keep-alive", -1), (b"closex", -1), (b"upgrade", -1), (b"", -1),
+])
+def test_plain_connection_agrees_with_llhttp_where_it_decides(value: bytes | None, want: int) -> None:
+    """The one reading of a Connection value both parser-free paths accept: where it decides
+    (0 or 1), llhttp's should_keep_alive() says the same of the same request."""
+    assert plain_connection(value) == want
+    if want >= 0:
+        seen: list[bool] = []
+
+        class _Done:
+            def on_message_complete(self) -> None:
+                seen.append(parser.should_keep_alive())
+
+        parser = httptools.HttpRequestParser(_Done())
+        conn = b"" if value is None else b"Connection: " + value + b"\r\n"
+        parser.feed_data(b"GET / HTTP/1.1\r\n" + H + conn + b"\r\n")
+        assert seen == [want == 1]

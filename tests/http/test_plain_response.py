@@ -113,9 +113,10 @@ async def test_the_upstream_closing_inside_the_body_is_an_error(head: bytes) -> 
     (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", None),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 1 2\r\n\r\n", None),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, x\r\n\r\n", b"ok"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", b"ok"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nUpgrade: h2c\r\n\r\n", b"ok"),
 ], ids=["cl-0", "204", "close-delimited", "cl-overflow", "two-cl", "cl-te", "cl-space", "connection-tokens",
-        "upgrade"])
+        "connection-twice", "upgrade"])
 async def test_heads_left_to_the_parser(head: bytes, body: bytes | None) -> None:
     """Heads the plain path leaves to httptools: read (or refused) as before, nothing owned."""
     close = b"Content-Length" not in head  # (a close-delimited body ends at EOF)
