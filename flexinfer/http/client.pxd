@@ -44,6 +44,9 @@ cdef class UpstreamPool:
     cdef public list _idle
     cdef public object _closed, _host_line, _name, _settings, _sni, _ssl, _sweep_handle, active, host
     cdef public object port
+    cdef public object _read_high, _response_timeout
+    cdef public Py_ssize_t _head_max, _max_idle
+    cdef public double _idle_timeout, _idle_limit, _check_after
     cpdef _take_idle(self)
     cpdef _checkin(self, _Conn conn)
     cpdef _forget(self, _Conn conn)

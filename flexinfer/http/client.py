@@ -284,7 +284,7 @@ class _Conn(_Compiled, asyncio.Protocol):
                     return
                 if self.msg_done:
                     self._finish()
-                elif self.in_head and self.head_raw > self.pool._settings.max_response_header_bytes:
+                elif self.in_head and self.head_raw > self.pool._head_max:
                     self._fail_protocol("response head too large")
                 return
         # the body, without httptools: its payload to the response in one piece, the end as
@@ -340,7 +340,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             elif name == b"upgrade":
                 return -1
         keep_alive = plain_connection(conn)
-        if keep_alive < 0 or size > self.pool._settings.max_response_header_bytes or status == 204 or status == 304:
+        if keep_alive < 0 or size > self.pool._head_max or status == 204 or status == 304:
             return -1
         try:
             cl, chunked = _framing(headers)
@@ -383,7 +383,7 @@ class _Conn(_Compiled, asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.hdr_bytes += len(name) + len(value) + 4
-        if self.hdr_bytes > self.pool._settings.max_response_header_bytes:
+        if self.hdr_bytes > self.pool._head_max:
             raise _ProtocolViolation("response head too large")
         self.headers.append((name.lower(), value))
 
@@ -410,11 +410,11 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.close_delimited = not no_body and cl is None and not chunked
         if self.close_delimited:
             self.keep_alive = False
-        resp = UpstreamResponse(self, status, self.headers, cl, chunked, self.pool._settings.read_buffer_high)
+        resp = UpstreamResponse(self, status, self.headers, cl, chunked, self.pool._read_high)
         self.resp = resp
         if own_body and not no_body:
             if chunked:
-                reader: ChunkedBody | LengthBody = ChunkedBody(self.pool._settings.max_response_header_bytes)
+                reader: ChunkedBody | LengthBody = ChunkedBody(self.pool._head_max)
             else:
                 reader = LengthBody(cl)  # type: ignore[arg-type]  # (not chunked: a Content-Length)
             self.framing = reader
@@ -431,7 +431,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             self.msg_done = True
             resp.on_complete()
         elif not no_body and cl != 0:
-            idle = self.pool._settings.stream_idle_timeout
+            idle = self.pool._idle_timeout
             if idle > 0:
                 self.idle_watch = True
                 self._arm(self.last_rx + idle)
@@ -551,7 +551,7 @@ class _Conn(_Compiled, asyncio.Protocol):
                                            sent=True))
                 return
         elif self.idle_watch and not self.msg_done:
-            due = self.last_rx + self.pool._settings.stream_idle_timeout
+            due = self.last_rx + self.pool._idle_timeout
             if now >= due:
                 self._fail(UpstreamTimeout("upstream stream idle too long", reason="idle_timeout", sent=True))
                 return
@@ -607,14 +607,24 @@ class _Conn(_Compiled, asyncio.Protocol):
 class UpstreamPool:
     """Keep-alive pool for one backend (host, port); over TLS when ``ssl_context`` is given."""
 
-    __slots__ = ("_closed", "_host_line", "_idle", "_name", "_settings", "_sni", "_ssl", "_sweep_handle", "active",
-                 "host", "port")
+    __slots__ = ("_check_after", "_closed", "_head_max", "_host_line", "_idle", "_idle_limit", "_idle_timeout",
+                 "_max_idle", "_name", "_read_high", "_response_timeout", "_settings", "_sni", "_ssl", "_sweep_handle",
+                 "active", "host", "port")
 
     def __init__(self, host: str, port: int, settings: UpstreamSettings,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.host = host
         self.port = port
         self._settings = settings
+        # the settings read per exchange, copied once (frozen): C fields in the build, where each read
+        # of the settings object is a lookup by name (about 100 instructions)
+        self._response_timeout = settings.response_timeout
+        self._read_high = settings.read_buffer_high
+        self._head_max = settings.max_response_header_bytes
+        self._idle_timeout = settings.stream_idle_timeout
+        self._idle_limit = settings.pool_idle_timeout
+        self._check_after = settings.pool_check_after
+        self._max_idle = settings.pool_max_idle
         self._idle: list[_Conn] = []
         self.active = 0
         hp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -649,7 +659,7 @@ class UpstreamPool:
         head = serialize_request(method, path, headers, body, self._host_line)
         if body and len(body) < 16 * 1024:
             head, body = head + body, b""
-        timeout = self._settings.response_timeout if response_timeout is None else response_timeout
+        timeout = self._response_timeout if response_timeout is None else response_timeout
         head_only = method == "HEAD"
         retried = False
         # no asyncio.get_running_loop() when a pooled connection is there: before Python 3.12 it
@@ -682,9 +692,9 @@ class UpstreamPool:
         idle = self._idle
         if not idle:
             return None
-        now = idle[-1].loop.time()
-        limit = self._settings.pool_idle_timeout
-        check_after = self._settings.pool_check_after
+        now = idle[-1]._time()
+        limit = self._idle_limit
+        check_after = self._check_after
         while idle:
             conn: _Conn = idle.pop()
             if conn.lost or conn.transport.is_closing():
@@ -740,11 +750,11 @@ class UpstreamPool:
             conn.checked_out = False
             self.active -= 1
         conn.reused = True
-        if self._closed or len(self._idle) >= self._settings.pool_max_idle:
+        if self._closed or len(self._idle) >= self._max_idle:
             conn.transport.close()
             return
         conn.resume_reading()
-        conn.idle_since = conn.loop.time()
+        conn.idle_since = conn._time()
         self._idle.append(conn)
         if self._sweep_handle is None:
             self._sweep_handle = conn.loop.call_later(self._settings.pool_idle_timeout, self._sweep)
