@@ -757,7 +757,7 @@ class UpstreamPool:
         conn.idle_since = conn._time()
         self._idle.append(conn)
         if self._sweep_handle is None:
-            self._sweep_handle = conn.loop.call_later(self._settings.pool_idle_timeout, self._sweep)
+            self._sweep_handle = conn.loop.call_later(self._idle_limit, self._sweep)
 
     def _forget(self, conn: _Conn) -> None:
         if conn.checked_out:
@@ -773,7 +773,7 @@ class UpstreamPool:
             return
         loop = idle[0].loop
         now = loop.time()
-        limit = self._settings.pool_idle_timeout
+        limit = self._idle_limit
         while idle and now - idle[0].idle_since >= limit:
             idle.pop(0).transport.close()
         if idle:

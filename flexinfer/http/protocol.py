@@ -190,7 +190,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._chunk_mark = 0  # body bytes at the end of the last chunk
         self._body_len = 0  # body bytes of the request being read
         self._body_limit = 0  # its body limit
-        self._body_parts: list[bytes] = []  # its body pieces (joined at message-complete)
+        self._body_parts: list[bytes] = []  # its body pieces (joined at the message's end, _message_done)
         self._continue = False  # its 100 Continue is owed, once the responses before it are out
         self._req: Request | None = None
         self._active: ResponseWriter | None = None
@@ -370,7 +370,7 @@ class HttpProtocol(Closing, asyncio.Protocol):
         except Exception as exc:
             log.error("request callback failed", exc_info=exc)
             self._reject("internal_error")
-            return stop
+            return min(stop, len(data))
         if err is not None:
             self._reject(None, err)
             return min(stop, len(data))
@@ -395,19 +395,19 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._body_len += len(piece)
         if self._body_len >= self._length:
             self._plain_body = False
-            req = self._req
-            self._req = None
-            if req is not None:
-                parts = self._body_parts
-                req.body = parts[0] if len(parts) == 1 else b"".join(parts)
-                parts.clear()
-                self._message_done(req)
+            self._message_done(self._req)
 
     @cython.annotation_typing(False)  # the cpdef of protocol.pxd
     def _message_done(self, req: Request | None) -> bool:
-        """THE end of a request's message, parsed or plain: the connection back to idle, the request
-        started or queued; False when it ends the connection (no keep-alive). (None: a message
-        end with no request recorded, which no parser path makes; only the reset is done.)"""
+        """THE end of a request's message, parsed or plain: its body pieces joined, the connection
+        back to idle, the request started or queued; False when it ends the connection (no
+        keep-alive). (None: a message end with no request recorded, which no parser path makes;
+        only the reset is done.)"""
+        parts = self._body_parts
+        if parts:
+            if req is not None:
+                req.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.clear()
         self._req = None
         self._phase = _IDLE
         self._feed_len = 0
@@ -599,17 +599,12 @@ class HttpProtocol(Closing, asyncio.Protocol):
         self._chunk_min += max(1, (size.bit_length() + 3) >> 2) + 4
 
     def on_message_complete(self) -> None:
-        req = self._req
         if self._phase == _CHUNKED and self._chunk_room() < 0:
             # the slice may hold bytes of the next request too, but slices inside a chunked body
             # are cut to the room left (_feed): only a request that already spent nearly all of it
             # can be refused by them
             raise self._cb_failed(Rejected("chunk_extension_too_large"))
-        parts = self._body_parts
-        if parts and req is not None:
-            req.body = parts[0] if len(parts) == 1 else b"".join(parts)
-            parts.clear()
-        if not self._message_done(req):
+        if not self._message_done(self._req):
             raise self._cb_failed(_Stop())
 
     # ---- handling ---------------------------------------------------------------------------
