@@ -233,20 +233,33 @@ TYPED = (
     "    out['slot'] = 'taken'\n"
     "except TypeError:\n"
     "    out['slot'] = 'refused'\n"
+    "import asyncio\n"
+    "from flexinfer.http.client import _Conn\n"
+    "from flexinfer.proxy.usage import UsageTap\n"
+    "loop = asyncio.new_event_loop()\n"
+    "for key, obj, attr in (('framing', _Conn(pool, loop), 'framing'), ('clock', UsageTap(), 'clock')):\n"
+    "    try:\n"
+    "        setattr(obj, attr, StandIn())\n"
+    "        out[key] = 'taken'\n"
+    "    except TypeError:\n"
+    "        out[key] = 'refused'\n"
+    "loop.close()\n"
     "print(json.dumps(out))\n"
 )
 
 
 def test_the_source_takes_any_object_where_it_annotates_a_class() -> None:
-    assert run_json(TYPED, "1") == {"argument": "taken", "slot": "taken"}
+    assert run_json(TYPED, "1") == {"argument": "taken", "slot": "taken", "framing": "taken", "clock": "taken"}
 
 
 @pytest.mark.skipif(not built(), reason="request path not compiled; run `make ext`")
 def test_the_build_types_what_the_pxd_types() -> None:
     """The .pxd's cimports type the annotated arguments (forward.pxd) and its typed slots their
-    values (client.pxd): the build refuses a stand-in there. A cimport lost from a .pxd (the build
-    then reads such an argument's attributes by name again, silently slower) fails here."""
-    assert run_json(TYPED, None) == {"argument": "refused", "slot": "refused"}
+    values (client.pxd; the body reader and the SSE clock, cimported from the primitives' .pxd):
+    the build refuses a stand-in there. A cimport lost from a .pxd (the build then reads such an
+    argument's attributes by name again, silently slower) fails here."""
+    assert run_json(TYPED, None) == {"argument": "refused", "slot": "refused", "framing": "refused",
+                                     "clock": "refused"}
 
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "NO_EXTENSIONS",
     "PRIMITIVES",
+    "BodyFrame",
     "BucketRegistry",
     "ChunkedBody",
     "FramingError",
@@ -84,6 +85,7 @@ def _pick(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
+    from .bodyframe_py import BodyFrame as BodyFrame
     from .bodyframe_py import ChunkedBody as ChunkedBody
     from .bodyframe_py import FramingError as FramingError
     from .bodyframe_py import LengthBody as LengthBody
@@ -116,6 +118,7 @@ if TYPE_CHECKING:
     from .tokenbucket_py import TokenBucket as TokenBucket
 else:
     _bodyframe = _pick("bodyframe")
+    BodyFrame = _bodyframe.BodyFrame
     ChunkedBody = _bodyframe.ChunkedBody
     FramingError = _bodyframe.FramingError
     LengthBody = _bodyframe.LengthBody

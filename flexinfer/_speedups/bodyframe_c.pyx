@@ -99,15 +99,17 @@ for _k in range(len(_TOKEN)):
     _TCHAR[<unsigned char>_TOKEN[_k]] = True
 
 
-cdef class ChunkedBody:
-    """One chunked body, fed by :meth:`feed` read by read (see bodyframe_py)."""
+cdef class BodyFrame:
+    """What the connection reads of either body reader (see bodyframe_py): ``feed``, ``done``,
+    ``extra`` (fields and method declared in bodyframe_c.pxd, so a cimporting module calls and reads
+    them in C)."""
 
-    cdef public Py_ssize_t max_line
-    cdef public bint done
-    cdef public Py_ssize_t extra
-    cdef public unsigned long long left
-    cdef int _state
-    cdef Py_ssize_t _line
+    cpdef bytes feed(self, bytes data):
+        raise NotImplementedError
+
+
+cdef class ChunkedBody(BodyFrame):
+    """One chunked body, fed by :meth:`feed` read by read (see bodyframe_py)."""
 
     def __init__(self, Py_ssize_t max_line):
         self.max_line = max_line
@@ -117,9 +119,11 @@ cdef class ChunkedBody:
         self._state = _SIZE0
         self._line = 0
 
-    def feed(self, bytes data not None):
+    cpdef bytes feed(self, bytes data):
         """The payload ``data`` carries (b"" for none); raises FramingError on the first byte that
         breaks the framing."""
+        if data is None:
+            raise TypeError("feed() takes bytes, not NoneType")
         cdef const unsigned char* buf = <const unsigned char*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
         cdef Py_ssize_t i = 0
@@ -252,13 +256,9 @@ cdef class ChunkedBody:
         return result
 
 
-cdef class LengthBody:
+cdef class LengthBody(BodyFrame):
     """One body of ``length`` bytes, fed read by read (see bodyframe_py): the same surface as
     ChunkedBody."""
-
-    cdef public bint done
-    cdef public Py_ssize_t extra
-    cdef public Py_ssize_t left
 
     def __init__(self, Py_ssize_t length):
         if length <= 0:
@@ -267,8 +267,10 @@ cdef class LengthBody:
         self.extra = 0
         self.left = length
 
-    def feed(self, bytes data not None):
+    cpdef bytes feed(self, bytes data):
         """The body bytes ``data`` carries (see bodyframe_py)."""
+        if data is None:
+            raise TypeError("feed() takes bytes, not NoneType")
         cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
         cdef Py_ssize_t left = self.left
         if n < left:

@@ -21,7 +21,7 @@ Must not: import anything of ours; accept a framing byte that is not the grammar
 
 from __future__ import annotations
 
-__all__ = ["ChunkedBody", "FramingError", "LengthBody", "head_end"]
+__all__ = ["BodyFrame", "ChunkedBody", "FramingError", "LengthBody", "head_end"]
 
 _HEX = {c: i for i, c in enumerate(b"0123456789abcdef")} | {c: 10 + i for i, c in enumerate(b"ABCDEF")}
 #: the bytes of a token (RFC 9110 section 5.6.2): a trailer's name
@@ -51,10 +51,25 @@ def head_end(data: bytes) -> int:
         i = j + 1
 
 
-class ChunkedBody:
+class BodyFrame:
+    """What the connection reads of either body reader: :meth:`feed` per read, then ``done`` (the
+    body is complete) and ``extra`` (bytes after its end, in the read that ended it). The compiled
+    twin's base type, which the compiled connection holds its reader as (bodyframe_c.pxd)."""
+
+    __slots__ = ("done", "extra")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.extra = 0
+
+    def feed(self, data: bytes) -> bytes:
+        raise NotImplementedError
+
+
+class ChunkedBody(BodyFrame):
     """One chunked body, fed by :meth:`feed` read by read (see the module docstring)."""
 
-    __slots__ = ("_line", "_state", "done", "extra", "left", "max_line")
+    __slots__ = ("_line", "_state", "left", "max_line")
 
     def __init__(self, max_line: int) -> None:
         self.max_line = max_line
@@ -167,12 +182,12 @@ class ChunkedBody:
         return out[0] if len(out) == 1 else b"".join(out)
 
 
-class LengthBody:
+class LengthBody(BodyFrame):
     """One body of ``length`` bytes (a Content-Length), fed by :meth:`feed` read by read, with the
     same surface as :class:`ChunkedBody` (``done``, ``extra``, ``left``), so that the connection reads
     both framings alike once it has read the head itself."""
 
-    __slots__ = ("done", "extra", "left")
+    __slots__ = ("left",)
 
     def __init__(self, length: int) -> None:
         if length <= 0:

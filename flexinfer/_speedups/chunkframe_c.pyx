@@ -21,7 +21,7 @@ cdef extern from "Python.h":
 cdef const char* _HEX = b"0123456789abcdef"
 
 
-def frame_chunk(prefix, data):
+cpdef bytes frame_chunk(prefix, data):
     """``prefix`` + the chunk that carries ``data`` (``data`` not empty: an empty chunk ends a body)."""
     if type(prefix) is not bytes or type(data) is not bytes:  # other bytes-likes: the twin's expression
         return b"%b%x\r\n%b\r\n" % (prefix, len(data), data)

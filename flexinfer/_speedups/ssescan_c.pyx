@@ -241,14 +241,6 @@ cdef class SseClock:
     """The per-read accounting of one SSE body (see ssescan_py.SseClock): typed fields, the
     bucket bounds in a C array, the clock read with clock_gettime."""
 
-    cdef public object bounds
-    cdef public double t0, ttft, t_last, itl_sum
-    cdef public long events
-    cdef long _counts[64]
-    cdef double _bounds[63]
-    cdef int _nb
-    cdef bint _open
-
     def __init__(self, tuple bounds not None, double t0):
         cdef int i
         if len(bounds) > 63:
@@ -280,7 +272,9 @@ cdef class SseClock:
             if self._counts[i]:
                 counts[i] = counts[i] + self._counts[i]
 
-    def feed(self, bytes buf not None):
+    cpdef long feed(self, bytes buf) except -1:
+        if buf is None:
+            raise TypeError("feed() takes bytes, not NoneType")
         cdef long scan = _scan(PyBytes_AS_STRING(buf), PyBytes_GET_SIZE(buf))
         cdef long n = scan >> 2
         cdef double t, g

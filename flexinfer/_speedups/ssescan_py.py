@@ -118,6 +118,8 @@ class SseClock:
         self._open = False
 
     def feed(self, buf: bytes) -> int:
+        if buf is None:  # (the compiled twin's cpdef refuses it alike)
+            raise TypeError("feed() takes bytes, not NoneType")
         scan = sse_scan(buf)
         n = scan >> 2
         if n:

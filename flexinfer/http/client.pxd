@@ -11,6 +11,16 @@ cimport cython
 from flexinfer.http.head cimport plain_connection
 cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
 from flexinfer.http.upstream cimport serialize_request  # (so the .py does not re-export it)
+from flexinfer._speedups.bodyframe_c cimport BodyFrame as _BodyFrame_t  # the body reader: feed, done, extra in C
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+# _rx_clock's C clock (the .py calls it under cython.compiled): CLOCK_MONOTONIC as time.monotonic()
+cdef inline double _monotonic_c() noexcept:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+cdef double _rx_clock() noexcept
 
 @cython.locals(cl=object, chunked=bint, name=bytes, value=bytes)
 cpdef tuple _framing(list headers)
@@ -21,10 +31,12 @@ cdef class _Compiled:
 cdef class UpstreamPool
 
 cdef class _Conn(_Compiled):
-    cdef public object _body_feed, _time, broken, checked_out, close_delimited, cut, expect_response, framing, hdr_bytes
+    cdef public object _time, broken, checked_out, close_delimited, cut, expect_response, hdr_bytes
+    cdef public _BodyFrame_t framing
     cdef public object head_due
     cdef public list headers
-    cdef public object head_only, head_raw, idle_since, idle_watch, in_head, interim, keep_alive, last_rx
+    cdef public object head_only, head_raw, idle_since, idle_watch, in_head, interim, keep_alive
+    cdef public double last_rx  # the read clock (_rx_clock) per read: a C double
     cdef public object loop, lost, msg_done, on_head, parser, paused, poller, reused
     cdef public UpstreamPool pool
     cdef public _upstream_t.UpstreamResponse resp

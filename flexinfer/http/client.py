@@ -29,6 +29,7 @@ import asyncio
 import select
 import ssl
 from collections.abc import Callable, Iterator
+from time import monotonic
 from typing import TYPE_CHECKING, cast
 
 import httptools
@@ -51,6 +52,7 @@ from flexinfer.http.upstream import (
 from flexinfer.settings import UpstreamSettings
 
 if TYPE_CHECKING:
+    from flexinfer._speedups import BodyFrame  # (a C type the build cimports: client.pxd)
     from flexinfer.http.tls import Link
 
 __all__ = [
@@ -89,6 +91,16 @@ class _ExtraMessage(Exception):
     pass
 
 
+def _rx_clock() -> float:
+    """The stamp of an upstream read (``_Conn.last_rx``): CLOCK_MONOTONIC seconds, the clock of
+    asyncio's and uvloop's ``loop.time()`` (uvloop's in whole milliseconds of the coarse clock, so
+    the two differ by a clock tick at most), read in C in the build (client.pxd): a loop.time() call and a float object per
+    read otherwise. The stream-idle check compares it with itself (``_Conn._on_timer``)."""
+    if cython.compiled:
+        return _monotonic_c()  # type: ignore[name-defined,no-any-return]  # noqa: F821 (client.pxd)
+    return monotonic()
+
+
 @cython.annotation_typing(False)  # the cpdef of client.pxd
 def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool]:
     """A final response's body framing from its (lower-cased) headers: its Content-Length (None
@@ -125,7 +137,6 @@ class _Conn(_Compiled, asyncio.Protocol):
     ``abandon``); it feeds them through their connection-side ``on_*`` methods only."""
 
     __slots__ = (
-        "_body_feed",
         "_time",
         "broken",
         "checked_out",
@@ -163,8 +174,7 @@ class _Conn(_Compiled, asyncio.Protocol):
     def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.loop = loop
-        # bound once (a call by name costs a lookup each time): the clock per upstream read, like
-        # the body reader's feed per read of its body (_body_feed)
+        # bound once (a call by name costs a lookup each time)
         self._time = loop.time
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpResponseParser(self)
@@ -194,10 +204,9 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.hdr_bytes = 0
         self.poller: select.poll | None = None
-        #: the chunked body being read without httptools (see data_received), or None
-        #: the body being read without httptools (chunked, or a Content-Length after a plain head)
-        self.framing: ChunkedBody | LengthBody | None = None
-        self._body_feed: Callable[[bytes], bytes] = None  # type: ignore[assignment]  # framing.feed, with framing
+        #: the body being read without httptools (chunked, or a Content-Length after a plain head),
+        #: or None; in the build a BodyFrame slot: its feed per read is a C call (client.pxd)
+        self.framing: BodyFrame | None = None
         self.cut = False  # httptools is being fed a head that ends the read it came in
 
     # ---- asyncio callbacks ------------------------------------------------------------------
@@ -249,7 +258,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             self.transport.abort()
             return
         n = len(data)
-        self.last_rx = self._time()
+        self.last_rx = _rx_clock()
         body = self.framing
         if body is None:
             failure: Exception | None = None
@@ -291,7 +300,7 @@ class _Conn(_Compiled, asyncio.Protocol):
         # httptools' on_message_complete would have it, then the same steps as above
         resp = self.resp
         try:
-            payload = self._body_feed(data)
+            payload = body.feed(data)
         except FramingError as exc:
             if resp is not None:
                 resp.on_read_end()
@@ -305,7 +314,6 @@ class _Conn(_Compiled, asyncio.Protocol):
             if payload and resp is not None:
                 resp.on_body(payload)
             self.framing = None
-            self._body_feed = None  # type: ignore[assignment]
             if body.extra:
                 self.broken = True  # bytes after a complete response: never reuse
             self.on_message_complete()
@@ -414,11 +422,10 @@ class _Conn(_Compiled, asyncio.Protocol):
         self.resp = resp
         if own_body and not no_body:
             if chunked:
-                reader: ChunkedBody | LengthBody = ChunkedBody(self.pool._head_max)
+                reader: BodyFrame = ChunkedBody(self.pool._head_max)
             else:
                 reader = LengthBody(cl)  # type: ignore[arg-type]  # (not chunked: a Content-Length)
             self.framing = reader
-            self._body_feed = reader.feed
             if self.cut:
                 # httptools would wait inside this body: the next exchange gets a fresh parser (the
                 # one running this callback finishes its feed, which ends with the head, and is dropped)
@@ -434,7 +441,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             idle = self.pool._idle_timeout
             if idle > 0:
                 self.idle_watch = True
-                self._arm(self.last_rx + idle)
+                self._arm(self.last_rx + idle)  # (the read clock as loop time: see _rx_clock)
         if waiter is not None and not waiter.done():
             on_head = self.on_head
             if on_head is not None:
@@ -551,10 +558,11 @@ class _Conn(_Compiled, asyncio.Protocol):
                                            sent=True))
                 return
         elif self.idle_watch and not self.msg_done:
-            due = self.last_rx + self.pool._idle_timeout
-            if now >= due:
+            left = self.last_rx + self.pool._idle_timeout - _rx_clock()  # (the read clock's own terms)
+            if left <= 0.0:
                 self._fail(UpstreamTimeout("upstream stream idle too long", reason="idle_timeout", sent=True))
                 return
+            due = now + left
         else:
             return
         self._arm(due)

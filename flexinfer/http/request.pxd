@@ -12,6 +12,10 @@
 cimport cython
 from flexinfer.http.flow cimport FlowControl
 from flexinfer.http.responses cimport status_line
+from flexinfer._speedups.chunkframe_c cimport frame_chunk as _frame_chunk_c  # per relayed read: a C call
+
+cdef Py_ssize_t _JOIN_BELOW
+cdef bytes _framed(bytes prefix, bytes data)
 
 cdef class Request:
     cdef public object body, content_type, ctx, headers, keep_alive, method, path, peer, query, target, version

@@ -52,9 +52,21 @@ __all__ = ["Connection", "Request", "ResponseWriter"]
 log = logging.getLogger("flexinfer.http")
 
 KiB = 1024
+#: below this size a body piece is copied into one write with what goes before it (the head, a
+#: chunk's framing); from it on, the pieces go to the transport as they are (writelines). A C
+#: integer in the build (request.pxd), so the comparison per relayed read is C.
+_JOIN_BELOW = 16 * KiB
 # headers the core adds to responses itself; dropped from the handler's list
 _FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date"})
 _FRAMING_RULES = dict.fromkeys(_FRAMING, True)  # head_block: left out of a response head
+
+
+def _framed(prefix: bytes, data: bytes) -> bytes:
+    """``prefix`` and the chunk carrying ``data``: :func:`flexinfer._speedups.frame_chunk`, called in
+    C in the build (request.pxd cimports chunkframe_c's), once per relayed read of a chunked stream."""
+    if cython.compiled:
+        return _frame_chunk_c(prefix, data)  # type: ignore[name-defined,no-any-return]  # noqa: F821 (request.pxd)
+    return frame_chunk(prefix, data)
 
 
 class Connection(Protocol):
@@ -189,7 +201,7 @@ class ResponseWriter:
         self.status = status
         if no_body or self._head_only or not body:
             self.flow.write(head)
-        elif len(body) < 16 * KiB:
+        elif len(body) < _JOIN_BELOW:
             self.sent = len(body)
             self.flow.write(head + body)
         else:
@@ -268,12 +280,12 @@ class ResponseWriter:
             head = self._pending_head
             if head is not None:
                 self._pending_head = None
-                if n < 16 * KiB:
-                    self.flow.write(frame_chunk(head, data))
+                if n < _JOIN_BELOW:
+                    self.flow.write(_framed(head, data))
                 else:
                     self._transport.writelines((head, b"%x\r\n" % n, data, b"\r\n"))
-            elif n < 16 * KiB:
-                self.flow.write(frame_chunk(b"", data))  # once per relayed read of a stream
+            elif n < _JOIN_BELOW:
+                self.flow.write(_framed(b"", data))  # once per relayed read of a stream
             else:
                 self._transport.writelines((b"%x\r\n" % n, data, b"\r\n"))
             return
@@ -286,7 +298,7 @@ class ResponseWriter:
         head = self._pending_head
         if head is not None:
             self._pending_head = None
-            if len(data) < 16 * KiB:
+            if len(data) < _JOIN_BELOW:
                 self.flow.write(head + data)
             else:
                 self._transport.writelines((head, data))
@@ -333,7 +345,7 @@ class ResponseWriter:
             if self._chunked:
                 parts.append(LAST_CHUNK)
         if parts:
-            if total < 16 * KiB:
+            if total < _JOIN_BELOW:
                 self.flow.write(parts[0] if len(parts) == 1 else b"".join(parts))
             else:
                 self._transport.writelines(parts)

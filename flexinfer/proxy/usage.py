@@ -85,13 +85,14 @@ class UsageTap(BodyTap):
     before they are written: returns None (write them as they are) or the pieces to write instead
     (stripping). Keeps the last :data:`TAIL_BYTES`; for SSE counts content events and times them."""
 
-    __slots__ = ("_feed", "_held", "_mid", "_parsed", "_usage", "charge", "clock", "stats", "status", "strip", "stripped",
+    __slots__ = ("_held", "_mid", "_parsed", "_usage", "charge", "clock", "stats", "status", "strip", "stripped",
                  "t0", "tail", "ttft")
 
     def __init__(self) -> None:
         self.tail = bytearray()
-        self.clock: Any = None  # SSE: the per-read accounting (flexinfer._speedups.SseClock)
-        self._feed: Any = None  # clock.feed, bound once per body (called per read)
+        #: SSE: the per-read accounting (flexinfer._speedups.SseClock); in the build a slot of the
+        #: compiled SseClock, so its feed per read is a C method call (usage.pxd)
+        self.clock: Any = None
         self.status: int | None = None  # the upstream status, once a response head arrived
         self.strip = False  # remove the usage-only event (the proxy asked for it, the client did not)
         self.stripped = 0  # events removed
@@ -112,8 +113,7 @@ class UsageTap(BodyTap):
         self.strip = strip and sse
         self.t0 = t0
         self.stats = stats
-        self.clock = clock = SseClock(ITL_BUCKETS, t0) if sse else None
-        self._feed = clock.feed if clock is not None else None
+        self.clock = SseClock(ITL_BUCKETS, t0) if sse else None
 
     @cython.annotation_typing(False)  # the cpdef of usage.pxd
     def observe(self, buf: bytes, end: bool) -> list[bytes] | None:
@@ -133,7 +133,7 @@ class UsageTap(BodyTap):
             if self.ttft < 0:
                 self.ttft = perf_counter() - self.t0
             return None
-        scan = self._feed(buf)
+        scan = clock.feed(buf)
         if scan & _KEEP:  # a usage object (or part of one) may be in this read
             self._keep(buf)
         if self.ttft < 0 and clock.ttft >= 0:  # the first content event: time to first token

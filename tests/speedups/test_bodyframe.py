@@ -258,3 +258,19 @@ def test_length_body_hands_over_a_read_without_copying_it(bodyframe: ModuleType)
         bodyframe.LengthBody(0)
     with pytest.raises(TypeError):
         bodyframe.LengthBody(3).feed(bytearray(b"abc"))
+
+
+def test_both_readers_are_body_frames(bodyframe: ModuleType) -> None:
+    """The surface the upstream connection holds either reader by (its compiled build cimports
+    the C BodyFrame and calls feed, reads done and extra in C): both readers derive from it, the
+    base itself reads nothing, and feed refuses None alike in both twins."""
+    chunked, length = bodyframe.ChunkedBody(64), bodyframe.LengthBody(3)
+    for reader in (chunked, length):
+        assert isinstance(reader, bodyframe.BodyFrame)
+        assert reader.done is False and reader.extra == 0
+        with pytest.raises(TypeError):
+            reader.feed(None)
+    with pytest.raises(NotImplementedError):
+        bodyframe.BodyFrame().feed(b"x")
+    assert chunked.feed(b"3\r\nabc\r\n0\r\n\r\nXY") == b"abc" and chunked.done and chunked.extra == 2
+    assert length.feed(b"abcd") == b"abc" and length.done and length.extra == 1

@@ -229,3 +229,13 @@ def test_sse_clock_add_to_refuses_too_few_buckets(ssescan: ModuleType) -> None:
     longer = [0] * (len(_BOUNDS) + 2)  # more buckets than counts: the first ones get them
     clock.add_to(longer)
     assert longer == [2, 0, 0, 0, 0, 0]
+
+
+def test_sse_clock_feed_refuses_none(ssescan: ModuleType) -> None:
+    """feed is a cpdef in the compiled twin (the usage tap calls it in C): None is refused alike,
+    with nothing counted."""
+    clock = ssescan.SseClock(_BOUNDS, 0.0)
+    with pytest.raises(TypeError):
+        clock.feed(None)
+    assert clock.events == 0 and clock.ttft < 0
+    assert clock.feed(TOK) >> 2 == 1 and clock.events == 1
