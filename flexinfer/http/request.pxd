@@ -33,3 +33,4 @@ cdef class ResponseWriter:
     cpdef bytes _build_head(self, status, headers, bytes framing)
     cpdef start(self, status, headers, content_length=*)
     cpdef cancel_on_disconnect(self)
+    cpdef on_disconnect(self, cb)

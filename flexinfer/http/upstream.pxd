@@ -30,7 +30,7 @@ cdef class UpstreamResponse:
     cpdef on_read_end(self, bytes piece=*)
     cpdef on_complete(self)
     cpdef when_complete(self, cb, arg)
-    cpdef start_relay(self, writer)
+    cpdef start_relay(self, _request_t.ResponseWriter writer)
     cpdef Py_ssize_t relay_done(self, _request_t.ResponseWriter writer) except? -2
     cpdef Py_ssize_t _end_relay(self, _request_t.ResponseWriter writer, FlowControl flow) except? -2
     cpdef _feed(self, bytes buf, end)

@@ -200,7 +200,8 @@ class ProxyHandler:
         held: str | None = None  # the model whose concurrency_limit slot this request holds
         resp.cancel_on_disconnect()  # stop waiting/forwarding the moment the client leaves
         try:
-            if self.draining:
+            server = self.server  # (the draining property's test, without its call per request)
+            if server is not None and server.draining:
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
             data: dict[str, Any] | None = None
             model_scan: extract.KeyScan | None = None

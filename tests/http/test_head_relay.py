@@ -116,6 +116,12 @@ def _answers(*responses: bytes) -> Any:
     return answer
 
 
+class _Proto:  # a writer's connection that is never used: the writer is only started
+    draining = False
+    transport = None
+    flow = None
+
+
 async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
     got: list[Any] = []
     async with RawBackend(_answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")) as backend:
@@ -123,11 +129,9 @@ async def test_start_relay_refuses_a_response_that_is_not_fresh() -> None:
         up = await pool.request("GET", "/", [], b"")
         got.append(await up.read_all(16))
 
-        class _Writer:  # never touched: start_relay must refuse before using it
-            started = True
-            disconnected = False
-
-        assert not up.start_relay(_Writer())  # type: ignore[arg-type]
+        writer = ResponseWriter(_Proto(), Request("GET", b"/", "/", "", "1.1", [], True, "127.0.0.1:1", b""))
+        writer.started = True  # never written to: start_relay must refuse before using it
+        assert not up.start_relay(writer)
         assert got == [b"ok"]
         await pool.close()
 
