@@ -94,8 +94,9 @@ class _ExtraMessage(Exception):
 def _rx_clock() -> float:
     """The stamp of an upstream read (``_Conn.last_rx``): CLOCK_MONOTONIC seconds, the clock of
     asyncio's and uvloop's ``loop.time()`` (uvloop's in whole milliseconds of the coarse clock, so
-    the two differ by a clock tick at most), read in C in the build (client.pxd): a loop.time() call and a float object per
-    read otherwise. The stream-idle check compares it with itself (``_Conn._on_timer``)."""
+    the two differ by a clock tick at most), read in C in the build (client.pxd; a ``loop.time()``
+    call and a float object per read otherwise). The stream-idle check compares a stamp with this
+    clock only (``_Conn._on_timer``) and arms the loop's timer with what is left."""
     if cython.compiled:
         return _monotonic_c()  # type: ignore[name-defined,no-any-return]  # noqa: F821 (client.pxd)
     return monotonic()
