@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
-__all__ = ["MODULES", "NO_EXTENSIONS", "implementation", "install", "stale"]
+__all__ = ["CIMPORTED", "MODULES", "NO_EXTENSIONS", "implementation", "install", "missing", "stale", "warning"]
 
 #: Dotted names of the compiled request path, in the order a request meets them.
 MODULES: tuple[str, ...] = (
@@ -50,10 +50,19 @@ MODULES: tuple[str, ...] = (
     "flexinfer.proxy.forward",
 )
 
+#: The primitives' builds whose types and functions the compiled request path cimports (client.pxd:
+#: ``BodyFrame``; request.pxd: ``frame_chunk``; usage.pxd: ``SseClock``). A build checks what it
+#: cimports when it loads, so without one of these the request path's builds cannot load at all.
+CIMPORTED: tuple[str, ...] = ("flexinfer._speedups.bodyframe_c", "flexinfer._speedups.chunkframe_c",
+                              "flexinfer._speedups.ssescan_c")
+
 NO_EXTENSIONS: bool = os.environ.get("FLEXINFER_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Modules whose compiled build was older than the source when the request path was imported.
 _stale: list[str] = []
+#: Builds that were missing when the request path was imported, though some of it was built (a
+#: compile that failed for one extension: setup.py skips it and builds the rest).
+_missing: list[str] = []
 
 
 def _compiled_path(directory: str, leaf: str) -> str | None:
@@ -87,15 +96,30 @@ def _is_stale(source: str, built: str) -> bool:
             and os.stat(built).st_mtime < os.stat(source).st_mtime)
 
 
+def _blockers(names: frozenset[str], needs: frozenset[str], root: str) -> tuple[list[str], list[str]]:
+    """Why the builds of ``names`` (under the package at ``root``) must not be used: ``(stale,
+    missing)``, the modules whose build is older than their source, and the builds they cannot go
+    without that are absent (a module of ``names``, or one of ``needs``: the primitives they
+    cimport). Nothing when nothing of ``names`` is built (a pure install: the source, as it should)."""
+    files = [(name, *_files(name, root)) for name in sorted(names)]
+    if all(built is None for _, _, built in files):
+        return [], []
+    stale = [name for name, source, built in files if built is not None and _is_stale(source, built)]
+    missing = [name for name, _, built in files if built is None]
+    missing += [name for name in sorted(needs) if _files(name, root)[1] is None]
+    return stale, missing
+
+
 class _SourceFirst:
     """A meta-path finder for :data:`MODULES` only: the ``.py`` when the compiled build must not
     be used (see the module docstring), else nothing (Python's own finder loads the build).
 
     The builds go together (one extension type derives from another's, and a build checks the
-    types it imports), so when one module's build is stale, every module of the list loads
-    from its source."""
+    types it imports), so when one module's build is stale or missing, or a primitive they
+    cimport has no build, every module of the list loads from its source."""
 
     names: frozenset[str] = frozenset(MODULES)
+    needs: frozenset[str] = frozenset(CIMPORTED)
     _all_source: bool | None = None  # decided once, at the first module of the list
 
     @classmethod
@@ -124,11 +148,10 @@ class _SourceFirst:
             root = directory
             for _ in range(fullname.count(".") - 1):
                 root = os.path.dirname(root)
-            for name in sorted(cls.names):
-                source, built = _files(name, root)
-                if built is not None and _is_stale(source, built):
-                    _stale.append(name)
-            cls._all_source = bool(_stale)
+            stale, missing = _blockers(cls.names, cls.needs, root)
+            _stale.extend(stale)
+            _missing.extend(missing)
+            cls._all_source = bool(stale or missing)
         return cls._all_source
 
 
@@ -146,12 +169,27 @@ def implementation() -> dict[str, str]:
     """``"c"`` (its compiled build) or ``"py"`` (its source) for each module of :data:`MODULES`, by
     the files, without importing them: the builds go together (see :class:`_SourceFirst`)."""
     root = _package_dir()
-    files = [_files(name, root) for name in MODULES]
-    together = not NO_EXTENSIONS and not any(b is not None and _is_stale(s, b) for s, b in files)
-    return {name: "c" if together and built is not None else "py"
-            for name, (_, built) in zip(MODULES, files, strict=True)}
+    stale_, missing_ = _blockers(frozenset(MODULES), _SourceFirst.needs, root)
+    together = not NO_EXTENSIONS and not stale_ and not missing_
+    return {name: "c" if together and _files(name, root)[1] is not None else "py" for name in MODULES}
 
 
 def stale() -> list[str]:
     """The modules loaded from source because their compiled build was older than it."""
     return list(_stale)
+
+
+def missing() -> list[str]:
+    """The builds that were missing though the request path was built (so it loaded from source)."""
+    return list(_missing)
+
+
+def warning() -> str | None:
+    """What a serving command logs when the request path, built, was loaded from its source (None:
+    nothing to say)."""
+    if _stale:
+        return ("compiled request path older than its source, using the source of "
+                f"{', '.join(_stale)}; run `make ext`")
+    if _missing:
+        return f"compiled request path incomplete (no build of {', '.join(_missing)}), using its source; run `make ext`"
+    return None

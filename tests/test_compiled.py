@@ -90,7 +90,9 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-un
     """The hook, pointed at the fake package's modules only."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(_compiled, "_stale", [])
+    monkeypatch.setattr(_compiled, "_missing", [])
     monkeypatch.setattr(_compiled._SourceFirst, "_all_source", None)
+    monkeypatch.setattr(_compiled._SourceFirst, "needs", frozenset())
     monkeypatch.setattr(_compiled, "NO_EXTENSIONS", False)
     monkeypatch.setattr(_compiled, "_CHECKOUT", True)
 
@@ -117,6 +119,42 @@ def test_one_stale_build_sends_the_whole_list_to_source(fake, tmp_path: Path) ->
     assert importlib.import_module("fakepkg_compiled.a").__file__ == str(pkg / "a.py")
     assert importlib.import_module("fakepkg_compiled.b").__file__ == str(pkg / "b.py")
     assert _compiled.stale() == ["fakepkg_compiled.b"]
+
+
+def test_a_missing_build_sends_the_whole_list_to_source(fake, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A compile that failed for one module (setup.py skips it and builds the rest): the builds that
+    exist would import its types from its source and fail, so all of the list loads from source."""
+    pkg = _fake_package(tmp_path, newer=(), leaves=("a", "b"))
+    (pkg / ("b" + importlib.machinery.EXTENSION_SUFFIXES[0])).unlink()  # b's build
+    fake("a", "b")
+    assert importlib.import_module("fakepkg_compiled.a").__file__ == str(pkg / "a.py")
+    assert importlib.import_module("fakepkg_compiled.b").__file__ == str(pkg / "b.py")
+    assert _compiled.missing() == ["fakepkg_compiled.b"] and _compiled.stale() == []
+    assert "no build of fakepkg_compiled.b" in (_compiled.warning() or "")
+
+
+def test_a_missing_cimported_primitive_sends_the_list_to_source(fake, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request path's builds cimport primitives' builds (CIMPORTED): without one, they load
+    from source; with it, they are left to Python's finder."""
+    pkg = _fake_package(tmp_path, newer=(), leaves=("a", "prim"))
+    fake("a")
+    monkeypatch.setattr(_compiled._SourceFirst, "needs", frozenset({"fakepkg_compiled.prim", "fakepkg_compiled.gone"}))
+    assert importlib.import_module("fakepkg_compiled.a").__file__ == str(pkg / "a.py")
+    assert _compiled.missing() == ["fakepkg_compiled.gone"]
+
+
+def test_every_cimported_primitive_is_one_the_pxds_cimport() -> None:
+    """CIMPORTED names exactly the primitives' builds that the request path's .pxd files cimport."""
+    cimported = set()
+    for pxd in ROOT.joinpath("flexinfer").rglob("*.pxd"):
+        if "_speedups" in pxd.parts:
+            continue
+        for line in pxd.read_text().splitlines():
+            words = line.split()
+            if len(words) > 2 and words[0] == "from" and words[1].startswith("flexinfer._speedups."):
+                cimported.add(words[1])
+    assert cimported == set(_compiled.CIMPORTED)
 
 
 def test_an_installed_package_is_trusted_as_installed(fake, tmp_path: Path,  # type: ignore[no-untyped-def]

@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from flexinfer import _compiled, _speedups
 
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
-    if _compiled.stale():
-        log.warning("compiled request path older than its source, using the source of %s; run `make ext`",
-                    ", ".join(_compiled.stale()))
+    built_but_unused = _compiled.warning()
+    if built_but_unused is not None:
+        log.warning("%s", built_but_unused)
     tune_gc()
     if getattr(args, "global_", None) is not None:
         from flexinfer.cmd.globalproxy import run_global

@@ -169,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     names = ", ".join(runtime.procs)
     log.info("speedups: %s", _speedups.IMPLEMENTATION)
-    if _compiled.stale():
-        log.warning("compiled request path older than its source, using the source of %s; run `make ext`",
-                    ", ".join(_compiled.stale()))
+    built_but_unused = _compiled.warning()
+    if built_but_unused is not None:
+        log.warning("%s", built_but_unused)
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
