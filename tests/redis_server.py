@@ -8,6 +8,7 @@ redis-server (``make redis-server``: apt).
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -17,9 +18,33 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from tests.harness import free_port
-
 REDIS_SERVER = shutil.which("redis-server")
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for bind(0) and outgoing connections (32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def restartable_port() -> int:
+    """A free port below the kernel's ephemeral range, for a server that is killed and started again
+    on the same port. A port from bind(0) (``free_port``) is in that range: while the server is down,
+    a test of another xdist worker could get the same number for its own bind(0) or as the local port
+    of an outgoing connection, and the restart would fail with "Address already in use" (seen once
+    in ``test_redis_killed_and_restarted_mid_run``). No such socket takes a port below the range."""
+    low = max(1025, min(_ephemeral_low(), 65536) - 12000)
+    for _ in range(200):
+        port = random.randrange(low, low + 11000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {low}..{low + 11000}")
 
 
 class RedisServer:
@@ -28,7 +53,7 @@ class RedisServer:
     def __init__(self, port: int | None = None) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server is not installed (make redis-server)")
-        self.port = port or free_port()
+        self.port = port or restartable_port()
         self._dir = tempfile.TemporaryDirectory(prefix="flexinfer-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
