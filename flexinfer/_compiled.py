@@ -15,7 +15,10 @@ The hook installed by :func:`install` puts the ``.py`` first instead when
 * in a source checkout, any module of the list has a ``.py`` newer than its compiled build (an
   edited source after the last ``make ext``): stale compiled code never shadows the source you are
   reading, and the builds, which import each other's extension types, are used all together or not
-  at all. ``make ext`` rebuilds them. (An installed package is trusted as installed.)
+  at all. ``make ext`` rebuilds them. (An installed package is trusted as installed.) Or
+* some of the list is built but a build it needs is missing: a module of the list, or a primitive
+  of :data:`CIMPORTED` (``setup.py`` skips an extension whose compile fails and builds the rest; the
+  builds could not load without it). :func:`missing` names it, :func:`warning` says it.
 """
 
 from __future__ import annotations
