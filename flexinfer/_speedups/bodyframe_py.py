@@ -72,9 +72,8 @@ class ChunkedBody(BodyFrame):
     __slots__ = ("_line", "_state", "left", "max_line")
 
     def __init__(self, max_line: int) -> None:
+        super().__init__()  # done: the last chunk and the trailers' empty line are in; extra: bytes after it
         self.max_line = max_line
-        self.done = False  # the last chunk and the trailers' empty line are in
-        self.extra = 0  # bytes that came after the end, in the read that ended the body
         self.left = 0  # data bytes of the current chunk still to come (its size, while reading the size line)
         self._state = _SIZE0
         self._line = 0  # bytes of the current size line, or of the trailers
@@ -192,8 +191,7 @@ class LengthBody(BodyFrame):
     def __init__(self, length: int) -> None:
         if length <= 0:
             raise ValueError("a LengthBody has at least one byte")
-        self.done = False
-        self.extra = 0
+        super().__init__()
         self.left = length  # body bytes still to come
 
     def feed(self, data: bytes) -> bytes:

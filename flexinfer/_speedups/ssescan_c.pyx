@@ -222,21 +222,6 @@ def usage_cuts(bytes buf not None, bint mid):
     return pos, mid, cuts
 
 
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    cdef struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clk_id, timespec* tp)
-    int CLOCK_MONOTONIC
-
-
-cdef inline double _now() noexcept:  # = time.perf_counter() on Linux (CLOCK_MONOTONIC)
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
-
-
 cdef class SseClock:
     """The per-read accounting of one SSE body (see ssescan_py.SseClock): typed fields, the
     bucket bounds in a C array, the clock read with clock_gettime."""

@@ -12,14 +12,8 @@ from flexinfer.http.head cimport plain_connection
 cimport flexinfer.http.upstream as _upstream_t  # a typed slot only: the .py re-exports UpstreamResponse
 from flexinfer.http.upstream cimport serialize_request  # (so the .py does not re-export it)
 from flexinfer._speedups.bodyframe_c cimport BodyFrame as _BodyFrame_t  # the body reader: feed, done, extra in C
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
-
-# _rx_clock's C clock (the .py calls it under cython.compiled): CLOCK_MONOTONIC as time.monotonic()
-cdef inline double _monotonic_c() noexcept:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
-
+# _rx_clock's C clock (the .py calls it under cython.compiled): CLOCK_MONOTONIC, as time.monotonic()
+from flexinfer._speedups.ssescan_c cimport _now as _monotonic_c
 cdef double _rx_clock() noexcept
 
 @cython.locals(cl=object, chunked=bint, name=bytes, value=bytes)
@@ -58,7 +52,7 @@ cdef class UpstreamPool:
     cdef public object port
     cdef public object _read_high, _response_timeout
     cdef public Py_ssize_t _head_max, _max_idle
-    cdef public double _idle_timeout, _idle_limit, _check_after
+    cdef public double _stream_idle, _pool_idle, _check_after
     cpdef _take_idle(self)
     cpdef _checkin(self, _Conn conn)
     cpdef _forget(self, _Conn conn)

@@ -40,6 +40,7 @@ except ImportError:  # no Cython here: its decorators do nothing in pure Python
     from flexinfer import _nocython as cython  # type: ignore[no-redef]
 
 from flexinfer._speedups import ChunkedBody, FramingError, LengthBody, head_end, response_head
+from flexinfer.http.flow import JOIN_BELOW
 from flexinfer.http.head import plain_connection
 from flexinfer.http.upstream import (
     HOP_BY_HOP,
@@ -439,7 +440,7 @@ class _Conn(_Compiled, asyncio.Protocol):
             self.msg_done = True
             resp.on_complete()
         elif not no_body and cl != 0:
-            idle = self.pool._idle_timeout
+            idle = self.pool._stream_idle
             if idle > 0:
                 self.idle_watch = True
                 self._arm(self.last_rx + idle)  # (the read clock as loop time: see _rx_clock)
@@ -559,7 +560,7 @@ class _Conn(_Compiled, asyncio.Protocol):
                                            sent=True))
                 return
         elif self.idle_watch and not self.msg_done:
-            left = self.last_rx + self.pool._idle_timeout - _rx_clock()  # (the read clock's own terms)
+            left = self.last_rx + self.pool._stream_idle - _rx_clock()  # (the read clock's own terms)
             if left <= 0.0:
                 self._fail(UpstreamTimeout("upstream stream idle too long", reason="idle_timeout", sent=True))
                 return
@@ -616,9 +617,26 @@ class _Conn(_Compiled, asyncio.Protocol):
 class UpstreamPool:
     """Keep-alive pool for one backend (host, port); over TLS when ``ssl_context`` is given."""
 
-    __slots__ = ("_check_after", "_closed", "_head_max", "_host_line", "_idle", "_idle_limit", "_idle_timeout",
-                 "_max_idle", "_name", "_read_high", "_response_timeout", "_settings", "_sni", "_ssl", "_sweep_handle",
-                 "active", "host", "port")
+    __slots__ = (
+        "_check_after",
+        "_closed",
+        "_head_max",
+        "_host_line",
+        "_idle",
+        "_max_idle",
+        "_name",
+        "_pool_idle",
+        "_read_high",
+        "_response_timeout",
+        "_settings",
+        "_sni",
+        "_ssl",
+        "_stream_idle",
+        "_sweep_handle",
+        "active",
+        "host",
+        "port",
+    )
 
     def __init__(self, host: str, port: int, settings: UpstreamSettings,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
@@ -630,8 +648,8 @@ class UpstreamPool:
         self._response_timeout = settings.response_timeout
         self._read_high = settings.read_buffer_high
         self._head_max = settings.max_response_header_bytes
-        self._idle_timeout = settings.stream_idle_timeout
-        self._idle_limit = settings.pool_idle_timeout
+        self._stream_idle = settings.stream_idle_timeout
+        self._pool_idle = settings.pool_idle_timeout
         self._check_after = settings.pool_check_after
         self._max_idle = settings.pool_max_idle
         self._idle: list[_Conn] = []
@@ -666,7 +684,7 @@ class UpstreamPool:
         gets the head and the first body bytes in the turn they arrived. An exception it raises
         closes the response and is raised here."""
         head = serialize_request(method, path, headers, body, self._host_line)
-        if body and len(body) < 16 * 1024:
+        if body and len(body) < JOIN_BELOW:
             head, body = head + body, b""
         timeout = self._response_timeout if response_timeout is None else response_timeout
         head_only = method == "HEAD"
@@ -702,7 +720,7 @@ class UpstreamPool:
         if not idle:
             return None
         now = idle[-1]._time()
-        limit = self._idle_limit
+        limit = self._pool_idle
         check_after = self._check_after
         while idle:
             conn: _Conn = idle.pop()
@@ -766,7 +784,7 @@ class UpstreamPool:
         conn.idle_since = conn._time()
         self._idle.append(conn)
         if self._sweep_handle is None:
-            self._sweep_handle = conn.loop.call_later(self._idle_limit, self._sweep)
+            self._sweep_handle = conn.loop.call_later(self._pool_idle, self._sweep)
 
     def _forget(self, conn: _Conn) -> None:
         if conn.checked_out:
@@ -782,7 +800,7 @@ class UpstreamPool:
             return
         loop = idle[0].loop
         now = loop.time()
-        limit = self._idle_limit
+        limit = self._pool_idle
         while idle and now - idle[0].idle_since >= limit:
             idle.pop(0).transport.close()
         if idle:

@@ -2,8 +2,9 @@
 
 Owns: whether the transport's reading is paused (pipelined bytes over the limit), whether writing is
 paused (the transport's write buffer passed its high-water mark), the waiters of ``drain()`` and the
-one "writing resumed" listener through which an upstream relay resumes its upstream socket, and the
-transport's ``write`` bound once (``write``: how the connection's response writer sends).
+one "writing resumed" listener through which an upstream relay resumes its upstream socket, the
+transport's ``write`` bound once (``write``: how the connection's response writer sends), and
+:data:`JOIN_BELOW`, the one size rule of the HTTP core's writers.
 Must not: parse, frame or buffer data itself; it only flips transport switches and wakes waiters.
 """
 
@@ -12,7 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-__all__ = ["ClientGone", "FlowControl"]
+__all__ = ["JOIN_BELOW", "ClientGone", "FlowControl"]
+
+#: Below this many bytes a body piece is copied into one write with what goes before it (a response
+#: head or a chunk's framing: request.ResponseWriter; an upstream request's head: client.UpstreamPool);
+#: from it on, the pieces go to the transport as they are (writelines), not copied.
+JOIN_BELOW = 16 * 1024
 
 
 class ClientGone(Exception):

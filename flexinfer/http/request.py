@@ -34,7 +34,7 @@ except ImportError:  # no Cython here: its decorators do nothing in pure Python
 
 from flexinfer._speedups import frame_chunk, head_block, head_lines_ok
 from flexinfer.errors import FlexInferError
-from flexinfer.http.flow import ClientGone, FlowControl
+from flexinfer.http.flow import JOIN_BELOW, ClientGone, FlowControl
 from flexinfer.http.responses import (
     CHUNKED,
     CONNECTION_CLOSE,
@@ -51,11 +51,8 @@ __all__ = ["Connection", "Request", "ResponseWriter"]
 
 log = logging.getLogger("flexinfer.http")
 
-KiB = 1024
-#: below this size a body piece is copied into one write with what goes before it (the head, a
-#: chunk's framing); from it on, the pieces go to the transport as they are (writelines). A C
-#: integer in the build (request.pxd), so the comparison per relayed read is C.
-_JOIN_BELOW = 16 * KiB
+#: flow.JOIN_BELOW as a C integer in the build (request.pxd): the comparison per relayed read is C
+_JOIN_BELOW = JOIN_BELOW
 # headers the core adds to responses itself; dropped from the handler's list
 _FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date"})
 _FRAMING_RULES = dict.fromkeys(_FRAMING, True)  # head_block: left out of a response head

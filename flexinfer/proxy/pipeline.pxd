@@ -18,3 +18,4 @@ cdef class ProxyHandler:
     cdef public ProxyMetrics metrics
     cdef public RequestIds request_ids
     cpdef _authenticate(self, Request req, RequestContext ctx)
+    cpdef bint _is_draining(self)

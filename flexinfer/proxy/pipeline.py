@@ -129,7 +129,12 @@ class ProxyHandler:
 
     @property
     def draining(self) -> bool:
-        return bool(self.server is not None and self.server.draining)
+        return self._is_draining()
+
+    def _is_draining(self) -> bool:
+        """The server this handler serves is draining (a C call per request in the build)."""
+        server = self.server
+        return server is not None and bool(server.draining)
 
     # -- phase 1: headers only -------------------------------------------------------------------
     def on_headers(self, req: Request) -> FlexInferError | None:
@@ -200,8 +205,7 @@ class ProxyHandler:
         held: str | None = None  # the model whose concurrency_limit slot this request holds
         resp.cancel_on_disconnect()  # stop waiting/forwarding the moment the client leaves
         try:
-            server = self.server  # (the draining property's test, without its call per request)
-            if server is not None and server.draining:
+            if self._is_draining():
                 raise errors.ShuttingDown("the proxy is shutting down; retry on another instance")
             data: dict[str, Any] | None = None
             model_scan: extract.KeyScan | None = None
