@@ -30,8 +30,13 @@ import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-__all__ = ["CIMPORTED", "MODULES", "NO_EXTENSIONS", "implementation", "install", "missing", "stale", "warning"]
+if TYPE_CHECKING:
+    import logging
+
+__all__ = ["CIMPORTED", "MODULES", "NO_EXTENSIONS", "implementation", "install", "log_start", "missing", "stale",
+           "warning"]
 
 #: Dotted names of the compiled request path, in the order a request meets them.
 MODULES: tuple[str, ...] = (
@@ -99,18 +104,19 @@ def _is_stale(source: str, built: str) -> bool:
             and os.stat(built).st_mtime < os.stat(source).st_mtime)
 
 
-def _blockers(names: frozenset[str], needs: frozenset[str], root: str) -> tuple[list[str], list[str]]:
-    """Why the builds of ``names`` (under the package at ``root``) must not be used: ``(stale,
-    missing)``, the modules whose build is older than their source, and the builds they cannot go
-    without that are absent (a module of ``names``, or one of ``needs``: the primitives they
-    cimport). Nothing when nothing of ``names`` is built (a pure install: the source, as it should)."""
+def _blockers(names: frozenset[str], needs: frozenset[str], root: str) -> tuple[bool, list[str], list[str]]:
+    """Whether any of ``names`` (under the package at ``root``) is built, and why those builds must
+    not be used: ``(built, stale, missing)``, the modules whose build is older than their source, and
+    the builds they cannot go without that are absent (a module of ``names``, or one of ``needs``:
+    the primitives they cimport). Nothing to block when nothing is built (a pure install: the
+    source, as it should); when nothing blocks, every module of ``names`` is built."""
     files = [(name, *_files(name, root)) for name in sorted(names)]
     if all(built is None for _, _, built in files):
-        return [], []
+        return False, [], []
     stale = [name for name, source, built in files if built is not None and _is_stale(source, built)]
     missing = [name for name, _, built in files if built is None]
     missing += [name for name in sorted(needs) if _files(name, root)[1] is None]
-    return stale, missing
+    return True, stale, missing
 
 
 class _SourceFirst:
@@ -151,7 +157,7 @@ class _SourceFirst:
             root = directory
             for _ in range(fullname.count(".") - 1):
                 root = os.path.dirname(root)
-            stale, missing = _blockers(cls.names, cls.needs, root)
+            _, stale, missing = _blockers(cls.names, cls.needs, root)
             _stale.extend(stale)
             _missing.extend(missing)
             cls._all_source = bool(stale or missing)
@@ -171,10 +177,9 @@ def install() -> None:
 def implementation() -> dict[str, str]:
     """``"c"`` (its compiled build) or ``"py"`` (its source) for each module of :data:`MODULES`, by
     the files, without importing them: the builds go together (see :class:`_SourceFirst`)."""
-    root = _package_dir()
-    stale_, missing_ = _blockers(frozenset(MODULES), _SourceFirst.needs, root)
-    together = not NO_EXTENSIONS and not stale_ and not missing_
-    return {name: "c" if together and _files(name, root)[1] is not None else "py" for name in MODULES}
+    built, stale_, missing_ = _blockers(frozenset(MODULES), _SourceFirst.needs, _package_dir())
+    kind = "c" if built and not NO_EXTENSIONS and not stale_ and not missing_ else "py"
+    return dict.fromkeys(MODULES, kind)
 
 
 def stale() -> list[str]:
@@ -196,3 +201,14 @@ def warning() -> str | None:
     if _missing:
         return f"compiled request path incomplete (no build of {', '.join(_missing)}), using its source; run `make ext`"
     return None
+
+
+def log_start(logger: logging.Logger) -> None:
+    """What a serving command (``proxy``, ``serve``) logs at start: the primitives' implementation,
+    then :func:`warning` when the built request path was loaded from its source."""
+    from flexinfer import _speedups
+
+    logger.info("speedups: %s", _speedups.IMPLEMENTATION)
+    unused = warning()
+    if unused is not None:
+        logger.warning("%s", unused)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -131,6 +132,28 @@ def test_a_missing_build_sends_the_whole_list_to_source(fake, tmp_path: Path) ->
     assert importlib.import_module("fakepkg_compiled.b").__file__ == str(pkg / "b.py")
     assert _compiled.missing() == ["fakepkg_compiled.b"] and _compiled.stale() == []
     assert "no build of fakepkg_compiled.b" in (_compiled.warning() or "")
+
+
+def test_a_serving_command_logs_why_the_build_is_unused(fake, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """log_start (flexinfer proxy and serve at start): the primitives' implementation always, and
+    the warning only when the built request path was loaded from its source."""
+    from flexinfer import _speedups
+
+    log = logging.getLogger("test.compiled")
+    with caplog.at_level(logging.INFO, logger="test.compiled"):
+        _compiled.log_start(log)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", f"speedups: {_speedups.IMPLEMENTATION}")]
+    caplog.clear()
+    pkg = _fake_package(tmp_path, newer=(), leaves=("a", "b"))
+    (pkg / ("b" + importlib.machinery.EXTENSION_SUFFIXES[0])).unlink()
+    fake("a", "b")
+    importlib.import_module("fakepkg_compiled.a")
+    with caplog.at_level(logging.INFO, logger="test.compiled"):
+        _compiled.log_start(log)
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING"]
+    assert caplog.records[1].getMessage() == _compiled.warning() and "fakepkg_compiled.b" in caplog.records[1].getMessage()
 
 
 def test_a_missing_cimported_primitive_sends_the_list_to_source(fake, tmp_path: Path,  # type: ignore[no-untyped-def]

@@ -99,12 +99,9 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"flexinfer proxy: {exc}", file=sys.stderr)
         return 2
-    from flexinfer import _compiled, _speedups
+    from flexinfer import _compiled
 
-    log.info("speedups: %s", _speedups.IMPLEMENTATION)
-    built_but_unused = _compiled.warning()
-    if built_but_unused is not None:
-        log.warning("%s", built_but_unused)
+    _compiled.log_start(log)
     tune_gc()
     if getattr(args, "global_", None) is not None:
         from flexinfer.cmd.globalproxy import run_global

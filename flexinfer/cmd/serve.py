@@ -140,7 +140,7 @@ def check(path: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flexinfer import _compiled, _speedups
+    from flexinfer import _compiled
     from flexinfer.http.server import run as serve_http
     from flexinfer.runtime.localconfig import DEFAULT_CONFIG, local_schema, startup_preload
     from flexinfer.runtime.static import InventoryConfigError
@@ -168,10 +168,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"flexinfer serve: {args.config}: model {v.name!r}: scheduler: {why}", file=sys.stderr)
             return 2
     names = ", ".join(runtime.procs)
-    log.info("speedups: %s", _speedups.IMPLEMENTATION)
-    built_but_unused = _compiled.warning()
-    if built_but_unused is not None:
-        log.warning("%s", built_but_unused)
+    _compiled.log_start(log)
     log.info("flexinfer serve on http://%s:%d  models: %s (started on first request)",
              settings.host, settings.port, names)
 
